@@ -1,0 +1,370 @@
+// Package config is the TOML configuration of the gpuvm aggregator: the board
+// it owns, the daemon's sockets and limits, the static partitioning of the
+// board among VMs, the scheduler, and optional per-VM settings.
+//
+// Parse and Load read a file, fill every missing key from Default, and check
+// the result with Validate. Every problem — TOML syntax, unknown keys, type
+// mismatches, out-of-range or inconsistent values — is reported, not just the
+// first, each as an *Error located by "file:line:col"; together they form an
+// ErrorList. Values that were not written in the file (defaults, or fields a
+// program set) are reported without a line.
+//
+// examples/gpuvm.toml in the repository documents every key.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	// Board is the physical GPU the aggregator owns ([board]).
+	Board BoardConfig `toml:"board"`
+	// Daemon is the aggregator daemon's settings ([daemon]).
+	Daemon DaemonConfig `toml:"daemon"`
+	// Partition is the static partitioning of the board among VMs ([partition]).
+	Partition PartitionConfig `toml:"partition"`
+	// Scheduler selects and tunes the GPU time scheduler ([scheduler]).
+	Scheduler SchedulerConfig `toml:"scheduler"`
+	// VMs are optional per-VM settings ([[vm]]), in file order.
+	VMs []VMConfig `toml:"vm,omitempty"`
+
+	// src remembers where each key was written, for error positions. It is
+	// nil for a Config that was not parsed from a file.
+	src *source
+}
+
+// BoardKind says which physical GPU the aggregator drives.
+type BoardKind string
+
+// Board kinds.
+const (
+	// BoardSim is the simulated Fermi board embedded in the aggregator.
+	BoardSim BoardKind = "sim"
+	// BoardPCI is a real board reached through sysfs PCI resource files.
+	BoardPCI BoardKind = "pci"
+)
+
+// Valid reports whether k is a known board kind.
+func (k BoardKind) Valid() bool { return k == BoardSim || k == BoardPCI }
+
+// Timing names a timing model of the simulated board.
+type Timing string
+
+// Timing models.
+const (
+	// TimingNone runs as fast as possible (tests).
+	TimingNone Timing = "none"
+	// TimingFermi models a Fermi-class board's latencies and throughput.
+	TimingFermi Timing = "fermi"
+)
+
+// Valid reports whether t is a known timing model.
+func (t Timing) Valid() bool { return t == TimingNone || t == TimingFermi }
+
+// LogLevel is the daemon's log verbosity.
+type LogLevel string
+
+// Log levels, most verbose first.
+const (
+	LogDebug LogLevel = "debug"
+	LogInfo  LogLevel = "info"
+	LogWarn  LogLevel = "warn"
+	LogError LogLevel = "error"
+)
+
+// Valid reports whether l is a known log level.
+func (l LogLevel) Valid() bool {
+	return l == LogDebug || l == LogInfo || l == LogWarn || l == LogError
+}
+
+// Mode is how a VM reaches the GPU (DESIGN §1, §4–6).
+type Mode string
+
+// Virtualization modes.
+const (
+	// ModeNative is no virtualization: the guest driver on the board itself
+	// (the baseline of the evaluation).
+	ModeNative Mode = "native"
+	// ModeFVNaive is full virtualization, shadow page tables re-scanned on
+	// every TLB flush.
+	ModeFVNaive Mode = "fv-naive"
+	// ModeFVBARRemap is naive full virtualization plus pass-through of
+	// non-sensitive BAR pages.
+	ModeFVBARRemap Mode = "fv-bar-remap"
+	// ModeFVLazy is full virtualization with lazy shadowing (re-scan at
+	// channel activation).
+	ModeFVLazy Mode = "fv-lazy"
+	// ModeFVOptimized is full virtualization with BAR remap and lazy
+	// shadowing together.
+	ModeFVOptimized Mode = "fv-optimized"
+	// ModeFVIncremental is optimized full virtualization that re-scans only
+	// page-table pages written since the last scan.
+	ModeFVIncremental Mode = "fv-incremental"
+	// ModePVNaive is para-virtualization, one hypercall per page-table op.
+	ModePVNaive Mode = "pv-naive"
+	// ModePVMulticall is para-virtualization with batched hypercalls.
+	ModePVMulticall Mode = "pv-multicall"
+	// ModePVDRM is the para-virtual DRM split driver.
+	ModePVDRM Mode = "pvdrm"
+	// ModePVDRMPooling is pvdrm with GEM buffer pooling.
+	ModePVDRMPooling Mode = "pvdrm-pooling"
+)
+
+// Modes returns every valid mode, in documentation order.
+func Modes() []Mode {
+	return []Mode{ModeNative, ModeFVNaive, ModeFVBARRemap, ModeFVLazy, ModeFVOptimized,
+		ModeFVIncremental, ModePVNaive, ModePVMulticall, ModePVDRM, ModePVDRMPooling}
+}
+
+// ModeNames returns the names of Modes(), e.g. for command-line help.
+func ModeNames() []string { return names(Modes()) }
+
+// Valid reports whether m is one of Modes().
+func (m Mode) Valid() bool { return isOneOf(m, Modes()) }
+
+// Policy names a GPU time scheduling policy (DESIGN §7).
+type Policy string
+
+// Scheduling policies.
+const (
+	// PolicyFIFO submits in arrival order.
+	PolicyFIFO Policy = "fifo"
+	// PolicyCredit is Xen-credit-like: charge usage, replenish per period.
+	PolicyCredit Policy = "credit"
+	// PolicyBand is GPUvm's BAND: credit plus a short wait for the same VM's
+	// next submission.
+	PolicyBand Policy = "band"
+	// PolicyWFQ is weighted fair queueing with per-VM virtual time.
+	PolicyWFQ Policy = "wfq"
+	// PolicyTimeslice is timeslicing with overuse control.
+	PolicyTimeslice Policy = "timeslice"
+	// PolicyDFQ is NEON's disengaged fair queueing.
+	PolicyDFQ Policy = "dfq"
+)
+
+// Policies returns every valid policy, in documentation order.
+func Policies() []Policy {
+	return []Policy{PolicyFIFO, PolicyCredit, PolicyBand, PolicyWFQ, PolicyTimeslice, PolicyDFQ}
+}
+
+// PolicyNames returns the names of Policies(), e.g. for command-line help.
+func PolicyNames() []string { return names(Policies()) }
+
+// Valid reports whether p is one of Policies().
+func (p Policy) Valid() bool { return isOneOf(p, Policies()) }
+
+func names[T ~string](vs []T) []string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = string(v)
+	}
+	return s
+}
+
+func isOneOf[T comparable](v T, vs []T) bool {
+	for _, x := range vs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// BoardConfig is the [board] table.
+type BoardConfig struct {
+	// Kind is "sim" or "pci".
+	Kind BoardKind `toml:"kind"`
+	// PCIAddress is the board's PCI address ("0000:01:00.0"); required
+	// when Kind is "pci", unused otherwise.
+	PCIAddress string `toml:"pci_address"`
+	// VRAM is the simulated board's VRAM size (sim only): a multiple of
+	// MemPartitions MiB, 64MiB..64GiB.
+	VRAM Size `toml:"vram"`
+	// Channels is the number of PFIFO channels, 1..128.
+	Channels int `toml:"channels"`
+	// MemPartitions is the number of memory partitions, 1..16.
+	MemPartitions int `toml:"mem_partitions"`
+	// Timing is the simulated board's timing model.
+	Timing Timing `toml:"timing"`
+}
+
+// DaemonConfig is the [daemon] table.
+type DaemonConfig struct {
+	// Socket is the aggregator's Unix socket for device models.
+	Socket string `toml:"socket"`
+	// ControlSocket is the Unix socket of the control API.
+	ControlSocket string `toml:"control_socket"`
+	// MaxVMs is the most VMs served at once, 1..64.
+	MaxVMs int `toml:"max_vms"`
+	// LogLevel is the log verbosity.
+	LogLevel LogLevel `toml:"log_level"`
+}
+
+// PartitionConfig is the [partition] table: what each VM slot gets.
+type PartitionConfig struct {
+	// VRAMPerVM is each VM's VRAM slice, a multiple of 1MiB.
+	VRAMPerVM Size `toml:"vram_per_vm"`
+	// ChannelsPerVM is each VM's channel range.
+	ChannelsPerVM int `toml:"channels_per_vm"`
+	// BAR1PerVM is each VM's slice of the BAR1 aperture, a multiple of 4KiB.
+	BAR1PerVM Size `toml:"bar1_per_vm"`
+	// BAR3PerVM is each VM's slice of the BAR3 aperture, a multiple of 4KiB.
+	BAR3PerVM Size `toml:"bar3_per_vm"`
+	// Reserved is VRAM kept by the aggregator for shadow page tables and
+	// shadow RAMIN, a multiple of 1MiB.
+	Reserved Size `toml:"reserved"`
+}
+
+// SchedulerConfig is the [scheduler] table.
+type SchedulerConfig struct {
+	// Policy is the scheduling policy.
+	Policy Policy `toml:"policy"`
+	// Period is the credit replenish period (credit, band).
+	Period Duration `toml:"period"`
+	// BandWait is BAND's longest wait for the same VM's next submission.
+	BandWait Duration `toml:"band_wait"`
+	// BandPoll is BAND's poll interval while waiting.
+	BandPoll Duration `toml:"band_poll"`
+	// Timeslice is the slice length of timeslice and dfq.
+	Timeslice Duration `toml:"timeslice"`
+	// Watchdog kills a channel whose submission runs longer; 0 = off.
+	Watchdog Duration `toml:"watchdog"`
+}
+
+// VMConfig is one [[vm]] entry: settings for the VM with this name or domid.
+type VMConfig struct {
+	// Name is the Xen domain name; empty to match by DomID only.
+	Name string `toml:"name,omitempty"`
+	// DomID is the Xen domain id, 1..32751; 0 to match by Name only.
+	DomID int `toml:"domid,omitempty"`
+	// Mode is how the VM reaches the GPU.
+	Mode Mode `toml:"mode"`
+	// Weight is the VM's scheduler share, ≥ 1.
+	Weight int `toml:"weight"`
+	// VRAM lowers the VM's VRAM quota below Partition.VRAMPerVM; 0 = the
+	// full slice.
+	VRAM Size `toml:"vram,omitempty"`
+	// Channels lowers the VM's channel quota below Partition.ChannelsPerVM;
+	// 0 = the full range.
+	Channels int `toml:"channels,omitempty"`
+}
+
+// Default returns the built-in configuration: the simulated 6GiB Quadro
+// 6000-like board, eight VM slots, FIFO scheduling and no [[vm]] entries.
+func Default() Config {
+	return Config{
+		Board: BoardConfig{
+			Kind:          BoardSim,
+			VRAM:          6 * GiB,
+			Channels:      128,
+			MemPartitions: 6,
+			Timing:        TimingNone,
+		},
+		Daemon: DaemonConfig{
+			Socket:        "/run/gpuvm/gpuvm.sock",
+			ControlSocket: "/run/gpuvm/control.sock",
+			MaxVMs:        8,
+			LogLevel:      LogInfo,
+		},
+		Partition: PartitionConfig{
+			VRAMPerVM:     512 * MiB,
+			ChannelsPerVM: 16,
+			BAR1PerVM:     15 * MiB,
+			BAR3PerVM:     2 * MiB,
+			Reserved:      256 * MiB,
+		},
+		Scheduler: SchedulerConfig{
+			Policy:    PolicyFIFO,
+			Period:    Duration{100 * time.Millisecond},
+			BandWait:  Duration{500 * time.Microsecond},
+			BandPoll:  Duration{50 * time.Microsecond},
+			Timeslice: Duration{30 * time.Millisecond},
+			Watchdog:  Duration{2 * time.Second},
+		},
+	}
+}
+
+// DefaultVM returns the settings of a [[vm]] entry whose keys are all
+// missing (and of a VM without an entry): mode fv-optimized, weight 1, the
+// full partition quotas.
+func DefaultVM() VMConfig {
+	return VMConfig{Mode: ModeFVOptimized, Weight: 1}
+}
+
+// LookupVM returns the settings for the VM called name with domain id domid:
+// the first [[vm]] entry whose name or domid matches (an empty name or a
+// zero domid matches nothing), else DefaultVM(). Zero quotas in the result
+// are replaced by the partition's, so VRAM and Channels are the effective
+// quotas.
+func (c Config) LookupVM(name string, domid int) VMConfig {
+	v := DefaultVM()
+	for _, e := range c.VMs {
+		if name != "" && e.Name == name || domid != 0 && e.DomID == domid {
+			v = e
+			break
+		}
+	}
+	if v.VRAM == 0 {
+		v.VRAM = c.Partition.VRAMPerVM
+	}
+	if v.Channels == 0 {
+		v.Channels = c.Partition.ChannelsPerVM
+	}
+	return v
+}
+
+// Load reads and parses the configuration file at path (see Parse).
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Default(), fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse parses a configuration file's contents; filename is only used in
+// error positions. Missing keys take their Default values. The result is
+// checked with Validate, and the error, if any, is an ErrorList holding
+// every problem found: syntax errors (then nothing else is checked), unknown
+// keys and tables, type mismatches, bad values and inconsistencies, each
+// with its file:line:col.
+//
+// On error the returned Config holds whatever could be decoded (defaults
+// elsewhere) and must not be used to run the daemon.
+func Parse(data []byte, filename string) (Config, error) {
+	c := Default()
+	var doc map[string]any
+	if _, err := toml.Decode(string(data), &doc); err != nil {
+		e := &Error{File: filename, Msg: err.Error(), Err: err}
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			e.Line, e.Col = pe.Position.Line, pe.Position.Col
+			e.Msg = pe.Message
+			// The toml package sometimes places the column past the end
+			// of the line (and its newline); then only the line is meaningful.
+			lines := strings.Split(string(data), "\n")
+			if e.Line < 1 || e.Line > len(lines) || e.Col > len(lines[e.Line-1])+1 {
+				e.Col = 0
+			}
+		}
+		return c, ErrorList{e}
+	}
+	c.src = &source{file: filename, pos: scanPositions(string(data))}
+	d := decoder{c: &c, failed: map[string]bool{}}
+	d.document(doc)
+	errs := d.errs
+	if err := c.validate(d.failed); err != nil {
+		var l ErrorList
+		if errors.As(err, &l) {
+			errs = append(errs, l...)
+		}
+	}
+	return c, errs.err()
+}
