@@ -10,12 +10,17 @@ package hostmem
 
 import (
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/internal/rangealloc"
 )
+
+// SizeSeals are the memfd seals New applies: the region can never shrink or
+// grow, so a process that maps another's region cannot be made to SIGBUS.
+const SizeSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 // Buffer is a pinned, physically contiguous piece of the region.
 type Buffer struct {
@@ -37,13 +42,19 @@ func New(name string, size uint64) (*RAM, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("hostmem %q: zero size", name)
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("hostmem %q: memfd_create: %w", name, err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("hostmem %q: ftruncate %d: %w", name, size, err)
+	}
+	// Whoever maps this memory later (the aggregator maps a VM's RAM) must not
+	// be made to fault by a truncation: fix the size for good.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, SizeSeals); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("hostmem %q: seal: %w", name, err)
 	}
 	return mapFd(name, fd, size)
 }
@@ -67,6 +78,16 @@ func mapFd(name string, fd int, size uint64) (*RAM, error) {
 
 // Fd returns the memfd (for passing to another process).
 func (r *RAM) Fd() int { return r.fd }
+
+// File returns a new *os.File on a duplicate of the memfd (to pass to
+// another process); the caller closes it. The RAM keeps its own descriptor.
+func (r *RAM) File() (*os.File, error) {
+	fd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("hostmem: dup: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "hostmem"), nil
+}
 
 // Bytes returns the whole region.
 func (r *RAM) Bytes() []byte { return r.mem }

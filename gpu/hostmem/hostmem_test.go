@@ -44,3 +44,18 @@ func TestAllocSharedThroughFd(t *testing.T) {
 		t.Fatal("allocated more than the region")
 	}
 }
+
+func TestRegionCannotShrink(t *testing.T) {
+	r, err := New("t", 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := unix.Ftruncate(r.Fd(), 4096); err == nil {
+		t.Fatal("truncated a sealed region")
+	}
+	seals, err := unix.FcntlInt(uintptr(r.Fd()), unix.F_GET_SEALS, 0)
+	if err != nil || seals&SizeSeals != SizeSeals {
+		t.Fatalf("seals %#x, %v", seals, err)
+	}
+}

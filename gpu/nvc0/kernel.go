@@ -16,7 +16,9 @@ type KernelID uint32
 // The built-in kernels and their parameter lists.
 const (
 	KernelNop KernelID = 1 // no parameters
-	// KernelLoop spins: params [iterations]. Writes nothing.
+	// KernelLoop spins: params [iterations, result]. It advances a 64-bit
+	// linear congruential generator iterations times and, when result is not
+	// 0, stores the final value (u64) there, so a run can be verified.
 	KernelLoop KernelID = 2
 	// KernelMadd: params [a, b, c, n]: c = a + b over n×n uint32 matrices (wrapping).
 	KernelMadd KernelID = 3

@@ -108,6 +108,12 @@ const (
 
 	CopyInstValid = 0x80000000 // RegCopyNInstLo: valid | RAMIN >> 12
 
+	// PGRAPHStatusBusy is what RegPGRAPHStatus reads while a kernel runs.
+	PGRAPHStatusBusy = 0x00000001
+	// ChanKillPending is what RegChanKill reads while a kill is in progress
+	// (sim: no channel id reads all-ones).
+	ChanKillPending = 0xFFFFFFFF
+
 	FECSCmdBindPointer = 0x00000003 // bind a channel's graphics/compute context
 	FECSBindValid      = 0x80000000
 	FECSDone           = 0x00000010

@@ -1,0 +1,80 @@
+// Package hwseq holds the short register sequences a Fermi driver performs,
+// written once as nouveau performs them: TLB flush, playlist submission, FECS
+// context bind, channel kill. Both the guest driver (on its virtual GPU) and
+// the aggregator (on the physical one) run them, over gpu.MMIO.
+package hwseq
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// Errors a caller may classify with errors.Is.
+var (
+	ErrTimeout    = errors.New("timed out waiting for the GPU")
+	ErrDeviceGone = errors.New("device reads all-ones: gone")
+)
+
+// Wait polls BAR0 register reg until cond holds or timeout passes. A register
+// that read all-ones for the whole wait means the device is gone.
+func Wait(m gpu.MMIO, what string, reg uint32, timeout time.Duration, cond func(uint32) bool) error {
+	deadline := time.Now().Add(timeout)
+	for i := 0; ; i++ {
+		v := m.Read32(nvc0.BAR0, uint64(reg))
+		if cond(v) {
+			return nil
+		}
+		if i&63 == 63 && time.Now().After(deadline) {
+			if v == 0xFFFFFFFF {
+				return fmt.Errorf("%s: %w", what, ErrDeviceGone)
+			}
+			return fmt.Errorf("%s (reg %#x = %#x): %w", what, reg, v, ErrTimeout)
+		}
+	}
+}
+
+func wr(m gpu.MMIO, reg, v uint32) { m.Write32(nvc0.BAR0, uint64(reg), v) }
+
+// FlushTLB invalidates cached translations of the address space whose page
+// directory is at pd (bar: the BAR1/BAR3 spaces), following nouveau's gf100
+// sequence: wait for a free flush slot, write the page directory and the
+// trigger, wait for the flush to complete. Callers serialise flushes.
+func FlushTLB(m gpu.MMIO, pd uint64, bar bool, timeout time.Duration) error {
+	if err := Wait(m, "TLB flush slot", nvc0.RegMMUStatus, timeout, func(v uint32) bool { return v&nvc0.MMUStatusFreeSlots != 0 }); err != nil {
+		return err
+	}
+	typ := uint32(nvc0.TLBFlushTypeVM)
+	if bar {
+		typ |= nvc0.TLBFlushTypeBARVM
+	}
+	wr(m, nvc0.RegTLBFlushPD, uint32(pd>>nvc0.TLBFlushPDShift))
+	wr(m, nvc0.RegTLBFlushTrigger, nvc0.TLBFlushTrigger|typ)
+	return Wait(m, "TLB flush", nvc0.RegMMUStatus, timeout, func(v uint32) bool { return v&nvc0.MMUStatusFlushDone != 0 })
+}
+
+// SubmitPlaylist points PFIFO at a playlist of count entries at VRAM address
+// addr and waits until the update is no longer pending.
+func SubmitPlaylist(m gpu.MMIO, addr uint64, count int, timeout time.Duration) error {
+	wr(m, nvc0.RegPlaylistAddr, uint32(addr>>nvc0.PageShift))
+	wr(m, nvc0.RegPlaylistSubmit, nvc0.PlaylistSubmitEncode(count))
+	return Wait(m, "playlist update", nvc0.RegPlaylistStatus, timeout, func(v uint32) bool { return v&nvc0.PlaylistPending == 0 })
+}
+
+// FECSBind asks the context-switch firmware to bind the graphics/compute
+// context of the channel whose instance block is at ramin.
+func FECSBind(m gpu.MMIO, ramin uint64, timeout time.Duration) error {
+	wr(m, nvc0.RegFECSClear, nvc0.FECSDone)
+	wr(m, nvc0.RegFECSData, nvc0.InstEncode(ramin, nvc0.FECSBindValid))
+	wr(m, nvc0.RegFECSCmd, nvc0.FECSCmdBindPointer)
+	return Wait(m, "FECS bind", nvc0.RegFECSStatus, timeout, func(v uint32) bool { return v&nvc0.FECSDone != 0 })
+}
+
+// KillChannel kills channel ch and waits until the GPU reports it done.
+func KillChannel(m gpu.MMIO, ch int, timeout time.Duration) error {
+	wr(m, nvc0.RegChanKill, uint32(ch))
+	return Wait(m, "channel kill", nvc0.RegChanKill, timeout, func(v uint32) bool { return v == uint32(ch) })
+}

@@ -1,0 +1,78 @@
+package kernels
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// Memory is the GPU virtual address space a kernel runs in. ReadAt fills p
+// from the bytes at virtual address va; WriteAt stores p at va. Errors are MMU
+// faults: Run returns them wrapped with %w, so errors.Is and errors.As still
+// see the original error.
+type Memory interface {
+	ReadAt(p []byte, va uint64) error
+	WriteAt(p []byte, va uint64) error
+}
+
+// Cost is the work a kernel did, used by the board's timing model. Ops counts
+// arithmetic operations (a multiply-add is 2); Bytes counts matrix bytes read
+// and written in GPU memory.
+type Cost struct{ Ops, Bytes uint64 }
+
+// ErrBadParams classifies errors caused by an invalid parameter list: the
+// wrong number of words, a matrix dimension of 0 or above
+// nvc0.MaxKernelMatrixDim, a loop count above nvc0.MaxKernelLoopIterations, or
+// a matrix whose address range wraps past 2^64.
+var ErrBadParams = errors.New("bad kernel parameters")
+
+// ErrUnknownKernel classifies errors caused by a kernel id the library does
+// not implement.
+var ErrUnknownKernel = errors.New("unknown kernel")
+
+// handler is one entry of the dispatch table.
+type handler struct {
+	nparams int
+	run     func(ctx context.Context, name string, params []uint64, mem Memory) (Cost, error)
+}
+
+// kernelTable maps a kernel id to its handler. It is filled by this literal
+// and never modified.
+var kernelTable = map[nvc0.KernelID]handler{
+	nvc0.KernelNop:   {nparams: 0, run: runNop},
+	nvc0.KernelLoop:  {nparams: 2, run: runLoop},
+	nvc0.KernelMadd:  {nparams: 4, run: matrixKernel(DecodeU32s, EncodeU32s, maddU32, addOps)},
+	nvc0.KernelMmul:  {nparams: 4, run: matrixKernel(DecodeU32s, EncodeU32s, mmulU32, mulOps)},
+	nvc0.KernelFmadd: {nparams: 4, run: matrixKernel(DecodeF32s, EncodeF32s, maddF32, addOps)},
+	nvc0.KernelFmmul: {nparams: 4, run: matrixKernel(DecodeF32s, EncodeF32s, mmulF32, mulOps)},
+}
+
+// Run executes built-in kernel id with the given parameter words in the
+// address space mem and returns the work it did.
+//
+// Errors name the kernel and carry context; they wrap ErrUnknownKernel,
+// ErrBadParams, the MMU fault returned by mem, or ctx.Err() when the context
+// is cancelled (checked before the kernel starts, between row blocks of the
+// matrix products and about every million loop iterations). On error the
+// returned Cost is zero.
+func Run(ctx context.Context, id nvc0.KernelID, params []uint64, mem Memory) (Cost, error) {
+	h, ok := kernelTable[id]
+	if !ok {
+		return Cost{}, fmt.Errorf("kernels: kernel id %d: %w", uint32(id), ErrUnknownKernel)
+	}
+	name := id.String()
+	if len(params) != h.nparams {
+		return Cost{}, fmt.Errorf("%s: got %d parameter words, want %d: %w", name, len(params), h.nparams, ErrBadParams)
+	}
+	if err := ctx.Err(); err != nil {
+		return Cost{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return h.run(ctx, name, params, mem)
+}
+
+// runNop is the nop kernel.
+func runNop(context.Context, string, []uint64, Memory) (Cost, error) {
+	return Cost{}, nil
+}

@@ -1,0 +1,165 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+const mib = 1 << 20
+
+// Config describes a board.
+type Config struct {
+	// VRAMSize is the device memory size in bytes: a multiple of 1 MiB and of
+	// MemPartitions MiB, at most 2^40 (the reach of a PTE).
+	VRAMSize uint64
+	// Channels is the number of PFIFO channels, 1..nvc0.MaxChannels.
+	Channels int
+	// MemPartitions is the number of memory partitions, 1..nvc0.MaxMemPartitions.
+	MemPartitions int
+	// Timing is the timing model.
+	Timing Timing
+}
+
+// DefaultConfig is a Quadro 6000: 6 GiB of VRAM in 6 partitions, 128
+// channels, and no timing delays.
+func DefaultConfig() Config {
+	return Config{VRAMSize: 6 << 30, Channels: nvc0.MaxChannels, MemPartitions: 6, Timing: TimingNone()}
+}
+
+func (c Config) validate() error {
+	if c.MemPartitions < 1 || c.MemPartitions > nvc0.MaxMemPartitions {
+		return fmt.Errorf("sim: %d memory partitions, want 1..%d", c.MemPartitions, nvc0.MaxMemPartitions)
+	}
+	if c.Channels < 1 || c.Channels > nvc0.MaxChannels {
+		return fmt.Errorf("sim: %d channels, want 1..%d", c.Channels, nvc0.MaxChannels)
+	}
+	if c.VRAMSize == 0 || c.VRAMSize%mib != 0 {
+		return fmt.Errorf("sim: VRAM size %#x is not a positive multiple of 1 MiB", c.VRAMSize)
+	}
+	if c.VRAMSize%(uint64(c.MemPartitions)*mib) != 0 {
+		return fmt.Errorf("sim: VRAM size %#x is not a multiple of %d MiB (one per partition)", c.VRAMSize, c.MemPartitions)
+	}
+	if c.VRAMSize > nvc0.VASize {
+		return fmt.Errorf("sim: VRAM size %#x beyond the 40-bit physical address space", c.VRAMSize)
+	}
+	if err := c.Timing.validate(); err != nil {
+		return fmt.Errorf("sim: config: %w", err)
+	}
+	return nil
+}
+
+// Board is a simulated Fermi GPU. It implements gpu.MMIO. All methods are safe
+// for concurrent use.
+type Board struct {
+	cfg    Config
+	timing Timing
+	start  time.Time
+
+	vram *vram
+	sys  sysmem
+	mmu  *mmu
+	regs regTable
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// life guards the board against Close: every external entry point holds
+	// it for reading and checks closed; Close takes it for writing.
+	life   sync.RWMutex
+	closed bool
+
+	st counters
+	r  regState
+
+	chans   []*channel
+	fifo    fifoState
+	compute *engine
+	copy    *engine
+}
+
+var _ gpu.MMIO = (*Board)(nil)
+
+// New creates a board.
+func New(cfg Config) (*Board, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	v, err := newVRAM(cfg.VRAMSize)
+	if err != nil {
+		return nil, fmt.Errorf("sim: new board: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Board{
+		cfg:    cfg,
+		timing: cfg.Timing,
+		start:  time.Now(),
+		vram:   v,
+		ctx:    ctx,
+		cancel: cancel,
+	}
+	b.mmu = newMMU(b)
+	b.chans = make([]*channel, cfg.Channels)
+	for i := range b.chans {
+		b.chans[i] = newChannel(b, i)
+	}
+	b.regs = b.buildRegs()
+	b.compute = b.startEngine("compute", 1, &b.r.pgraphBusy)
+	b.copy = b.startEngine("copy", numCopyEngines, nil)
+	return b, nil
+}
+
+// Close stops the board's goroutines and releases VRAM. It is idempotent;
+// after Close, MMIO reads return 0 and writes are dropped.
+func (b *Board) Close() error {
+	b.life.Lock()
+	if b.closed {
+		b.life.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.cancel()
+	b.life.Unlock()
+	b.wg.Wait()
+	if err := b.vram.close(); err != nil {
+		return fmt.Errorf("sim: close: %w", err)
+	}
+	return nil
+}
+
+// enter takes the board's life lock for an external operation; it reports
+// false (and takes nothing) if the board is closed.
+func (b *Board) enter() bool {
+	b.life.RLock()
+	if b.closed {
+		b.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (b *Board) leave() { b.life.RUnlock() }
+
+// goTracked runs f in a goroutine that Close waits for. The caller must hold the
+// life lock (inside enter/leave) or be a board goroutine itself.
+func (b *Board) goTracked(f func()) {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+}
+
+// now returns the PTIMER value: nanoseconds since the board was created.
+func (b *Board) now() uint64 { return uint64(time.Since(b.start).Nanoseconds()) }
+
+// VRAMSize returns the VRAM size in bytes.
+func (b *Board) VRAMSize() uint64 { return b.cfg.VRAMSize }
+
+// Config returns the board's configuration.
+func (b *Board) Config() Config { return b.cfg }

@@ -1,0 +1,292 @@
+package sim
+
+import (
+	"bytes"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{VRAMSize: 6 * mib, Channels: 1, MemPartitions: 6}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		good bool
+	}{
+		{"minimal", func(*Config) {}, true},
+		{"default", func(c *Config) { *c = DefaultConfig() }, true},
+		{"zero VRAM", func(c *Config) { c.VRAMSize = 0 }, false},
+		{"VRAM not MiB", func(c *Config) { c.VRAMSize = 6*mib + 4096 }, false},
+		{"VRAM not per partition", func(c *Config) { c.VRAMSize = 7 * mib }, false},
+		{"no channels", func(c *Config) { c.Channels = 0 }, false},
+		{"too many channels", func(c *Config) { c.Channels = nvc0.MaxChannels + 1 }, false},
+		{"no partitions", func(c *Config) { c.MemPartitions = 0 }, false},
+		{"too many partitions", func(c *Config) { c.MemPartitions = nvc0.MaxMemPartitions + 1 }, false},
+		{"negative timing", func(c *Config) { c.Timing.MMIOReadNs = -1 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.mod(&c)
+			if err := c.validate(); (err == nil) != tc.good {
+				t.Fatalf("validate(%+v) = %v, want ok=%v", c, err, tc.good)
+			}
+		})
+	}
+	if _, err := New(Config{}); err == nil {
+		t.Fatal("New accepted an empty config")
+	}
+}
+
+func TestTimingByName(t *testing.T) {
+	for _, name := range []string{"none", "fermi"} {
+		tm, err := TimingByName(name)
+		if err != nil || tm.Name != name {
+			t.Fatalf("TimingByName(%q) = %+v, %v", name, tm, err)
+		}
+	}
+	if !TimingNone().isNone() || TimingFermi().isNone() {
+		t.Fatal("isNone wrong")
+	}
+	if _, err := TimingByName("volta"); err == nil {
+		t.Fatal("unknown profile accepted")
+	}
+}
+
+func TestRegisters(t *testing.T) {
+	r := newRig(t)
+	b := r.b
+	rd := func(off uint64) uint32 { return b.Read32(nvc0.BAR0, off) }
+	wr := func(off uint64, v uint32) { b.Write32(nvc0.BAR0, off, v) }
+
+	if got := rd(nvc0.RegBoot0); got != nvc0.Boot0Value {
+		t.Errorf("BOOT_0 = %#x", got)
+	}
+	wr(nvc0.RegPMCEnable, 0x1234)
+	if got := rd(nvc0.RegPMCEnable); got != 0x1234 {
+		t.Errorf("PMC_ENABLE = %#x", got)
+	}
+	// Memory partitions describe the VRAM size.
+	parts := rd(nvc0.RegMemPartCount)
+	if parts != 4 || rd(nvc0.RegMemLTCCount) != 4 || rd(nvc0.RegMemPartMask) != 0 {
+		t.Errorf("partition count %d", parts)
+	}
+	var total uint64
+	for i := range int(parts) {
+		total += uint64(rd(uint64(nvc0.MemPartSize(i)))) * mib
+	}
+	if total != b.VRAMSize() {
+		t.Errorf("partitions sum to %#x, VRAM is %#x", total, b.VRAMSize())
+	}
+	// PTIMER is monotonic.
+	t0 := uint64(rd(nvc0.RegTimerHigh))<<32 | uint64(rd(nvc0.RegTimerLow))
+	t1 := uint64(rd(nvc0.RegTimerHigh))<<32 | uint64(rd(nvc0.RegTimerLow))
+	if t1 < t0 || t1 == 0 {
+		t.Errorf("PTIMER went %d -> %d", t0, t1)
+	}
+	// PFIFO_INTR is write-1-to-clear.
+	b.r.pfifoIntr.Store(nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr)
+	wr(nvc0.RegPFIFOIntr, nvc0.PFIFOIntrChanErr)
+	if got := rd(nvc0.RegPFIFOIntr); got != nvc0.PFIFOIntrMMUFault {
+		t.Errorf("PFIFO_INTR after w1c = %#x", got)
+	}
+	// Flush completes at once.
+	wr(nvc0.RegFlush, nvc0.FlushTrigger)
+	if rd(nvc0.RegFlush)&nvc0.FlushBusy != 0 {
+		t.Error("flush stays busy")
+	}
+	// MMU status: free slots; flush done only after a flush.
+	if st := rd(nvc0.RegMMUStatus); st&nvc0.MMUStatusFreeSlots == 0 || st&nvc0.MMUStatusFlushDone != 0 {
+		t.Errorf("MMU status before flush %#x", st)
+	}
+	r.flushTLB(r.bar1.pd, true)
+	if st := rd(nvc0.RegMMUStatus); st&nvc0.MMUStatusFlushDone == 0 {
+		t.Errorf("MMU status after flush %#x", st)
+	}
+	// FECS bind.
+	ctx := nvc0.InstEncode(0x5000, nvc0.FECSBindValid)
+	wr(nvc0.RegFECSData, ctx)
+	wr(nvc0.RegFECSCmd, nvc0.FECSCmdBindPointer)
+	if rd(nvc0.RegFECSStatus)&nvc0.FECSDone == 0 || b.BoundContext() != ctx {
+		t.Errorf("FECS bind: status %#x bound %#x", rd(nvc0.RegFECSStatus), b.BoundContext())
+	}
+	wr(nvc0.RegFECSClear, nvc0.FECSDone)
+	if rd(nvc0.RegFECSStatus)&nvc0.FECSDone != 0 {
+		t.Error("FECS done not cleared")
+	}
+	// Copy-engine instance registers are storage.
+	wr(nvc0.RegCopy1InstLo, nvc0.InstEncode(0x3000, nvc0.CopyInstValid))
+	if rd(nvc0.RegCopy1InstLo) != nvc0.InstEncode(0x3000, nvc0.CopyInstValid) {
+		t.Error("copy inst not stored")
+	}
+	if rd(nvc0.RegPGRAPHStatus) != 0 {
+		t.Error("PGRAPH busy while idle")
+	}
+}
+
+func TestUnknownRegistersCounted(t *testing.T) {
+	r := newRig(t)
+	b := r.b
+	for _, tc := range []struct {
+		name string
+		bar  int
+		off  uint64
+	}{
+		{"hole", nvc0.BAR0, 0x000204},
+		{"unaligned", nvc0.BAR0, nvc0.RegBoot0 + 2},
+		{"beyond BAR0", nvc0.BAR0, nvc0.BAR0Size},
+		{"channel beyond config", nvc0.BAR0, uint64(nvc0.ChanCtl(nvc0.MaxChannels - 1))},
+		{"PRAMIN beyond VRAM", nvc0.BAR0, nvc0.PRAMINBase}, // window set beyond VRAM below
+		{"no such BAR", 2, 0},
+		{"negative BAR", -1, 0},
+		{"beyond BAR5", nvc0.BAR5, nvc0.BAR5Size},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.off == nvc0.PRAMINBase {
+				b.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, uint32(b.VRAMSize()>>nvc0.PRAMINWindowShift))
+				defer b.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, 0)
+			}
+			before := b.Stats().UnknownRegisters
+			if v := b.Read32(tc.bar, tc.off); v != 0 {
+				t.Errorf("read %#x", v)
+			}
+			b.Write32(tc.bar, tc.off, 0xdeadbeef)
+			if v := b.Read32(tc.bar, tc.off); v != 0 {
+				t.Errorf("read after write %#x", v)
+			}
+			if got := b.Stats().UnknownRegisters - before; got != 3 {
+				t.Errorf("counted %d unknown accesses, want 3", got)
+			}
+		})
+	}
+	if b.Read32(nvc0.BAR5, 0) != 0 {
+		t.Error("BAR5 reads non-zero")
+	}
+}
+
+func TestPRAMIN(t *testing.T) {
+	r := newRig(t)
+	addr := uint64(0x3210000 + 0x1234*4)
+	r.w32(addr, 0xcafef00d)
+	if got := r.hostRead(addr, 4); !bytes.Equal(got, []byte{0x0d, 0xf0, 0xfe, 0xca}) {
+		t.Fatalf("VRAM holds % x", got)
+	}
+	if got := r.r32(addr); got != 0xcafef00d {
+		t.Fatalf("PRAMIN reads %#x", got)
+	}
+}
+
+func TestSparseVRAM(t *testing.T) {
+	b, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, off := range []uint64{0, 1 << 30, 3 << 30, b.VRAMSize() - nvc0.PageSize} {
+		if err := b.WriteVRAM([]byte{1, 2, 3, 4}, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, uint32((5<<30)>>nvc0.PRAMINWindowShift))
+	b.Write32(nvc0.BAR0, nvc0.PRAMINBase, 7)
+	var st unix.Stat_t
+	if err := unix.Fstat(b.VRAMFd(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != int64(b.VRAMSize()) {
+		t.Fatalf("memfd size %d", st.Size)
+	}
+	if used := st.Blocks * 512; used > 16<<20 {
+		t.Fatalf("6 GiB board with 5 touched pages uses %d bytes", used)
+	}
+	// Scrubbing gives the pages back.
+	if err := b.ScrubVRAM(0, b.VRAMSize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fstat(b.VRAMFd(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks != 0 {
+		t.Fatalf("after scrub %d blocks allocated", st.Blocks)
+	}
+}
+
+func TestScrubVRAM(t *testing.T) {
+	r := newRig(t)
+	data := bytes.Repeat([]byte{0xAA}, 5*nvc0.PageSize)
+	r.hostWrite(0x10000, data)
+	if err := r.b.ScrubVRAM(0x10000+100, 3*nvc0.PageSize+200); err != nil {
+		t.Fatal(err)
+	}
+	got := r.hostRead(0x10000, len(data))
+	for i, v := range got {
+		want := byte(0xAA)
+		if i >= 100 && i < 100+3*nvc0.PageSize+200 {
+			want = 0
+		}
+		if v != want {
+			t.Fatalf("byte %d = %#x, want %#x", i, v, want)
+		}
+	}
+	if err := r.b.ScrubVRAM(r.b.VRAMSize()-4, 8); err == nil {
+		t.Fatal("scrub beyond VRAM accepted")
+	}
+}
+
+func TestSystemMemoryRegistration(t *testing.T) {
+	r := newRig(t)
+	b := r.b
+	a := r.newSysMem(3 << 30 >> 10) // 3 MiB
+	c := r.newSysMem(nvc0.PageSize)
+	if a.base%sysRegionAlign != 0 || c.base%sysRegionAlign != 0 || a.base == c.base || a.base == 0 {
+		t.Fatalf("bases %#x %#x", a.base, c.base)
+	}
+	if _, err := b.RegisterSystemMemory(make([]byte, 100)); err == nil {
+		t.Error("unaligned size accepted")
+	}
+	if _, err := b.RegisterSystemMemory(a.mem[1 : 1+nvc0.PageSize]); err == nil {
+		t.Error("unaligned start accepted")
+	}
+	if err := b.UnregisterSystemMemory(0x1234); err == nil {
+		t.Error("unregistering nothing succeeded")
+	}
+	if m, ok := b.sys.lookup(a.base+nvc0.PageSize, 8); !ok || &m[0] != &a.mem[nvc0.PageSize] {
+		t.Error("lookup inside region failed")
+	}
+	if _, ok := b.sys.lookup(a.base+uint64(len(a.mem))-4, 8); ok {
+		t.Error("lookup straddling the end succeeded")
+	}
+	// A freed slot is reused, and never overlaps.
+	if err := b.UnregisterSystemMemory(a.base); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.sys.lookup(a.base, 4); ok {
+		t.Error("unregistered region still reachable")
+	}
+	base, err := b.RegisterSystemMemory(a.mem)
+	if err != nil || base != a.base {
+		t.Fatalf("re-register: %#x, %v", base, err)
+	}
+}
+
+func TestCloseIdempotent(t *testing.T) {
+	b, err := New(Config{VRAMSize: 16 * mib, Channels: 2, MemPartitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Read32(nvc0.BAR0, nvc0.RegBoot0) != 0 {
+		t.Fatal("closed board answers")
+	}
+	b.Write32(nvc0.BAR0, nvc0.RegPMCEnable, 1)
+	if err := b.WriteVRAM([]byte{1}, 0); err == nil {
+		t.Fatal("write to closed board succeeded")
+	}
+}

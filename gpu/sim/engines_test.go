@@ -1,0 +1,262 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/gpuvm/gpuvm/gpu/kernels"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+const (
+	sysVA  = 0x60000000 // where tests map system memory
+	vramVA = 0x48000000 // where tests map VRAM buffers
+)
+
+func TestCopyEngine(t *testing.T) {
+	const size = 64 << 10
+	for _, tc := range []struct {
+		name                       string
+		fromSys, toSys             bool
+		pitchIn, pitchOut, lineLen uint32
+		lines                      uint32
+	}{
+		{"vram to sys linear", false, true, 0, 0, size, 1},
+		{"sys to vram linear", true, false, 0, 0, size, 1},
+		{"vram to vram pitched", false, false, 1000, 600, 500, 50},
+		{"sys to sys pitched", true, true, 4096, 5000, 4097, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			c := r.newChan(0, nil)
+			sys := r.newSysMem(2 * size)
+			c.s.mapSys(sysVA, sys.base, 2*size)
+			vpa := c.s.mapVRAM(vramVA, 2*size)
+			src := make([]byte, size)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := range src {
+				src[i] = byte(rng.Uint32())
+			}
+			// Source in the first half of its memory, destination in the second half.
+			srcVA, dstVA := uint64(vramVA), uint64(sysVA+size)
+			if tc.fromSys {
+				srcVA = sysVA
+				copy(sys.mem, src)
+			} else {
+				r.hostWrite(vpa, src)
+			}
+			if !tc.toSys {
+				dstVA = vramVA + size
+			}
+			c.push(cat(bind(3, nvc0.ClassFermiCopy), copyCmd(3, srcVA, dstVA, tc.pitchIn, tc.pitchOut, tc.lineLen, tc.lines))...)
+			c.mustFinish()
+			var got []byte
+			if tc.toSys {
+				got = sys.mem[size:]
+			} else {
+				got = r.hostRead(vpa+size, size)
+			}
+			want := make([]byte, size)
+			for l := range tc.lines {
+				copy(want[l*tc.pitchOut:][:tc.lineLen], src[l*tc.pitchIn:][:tc.lineLen])
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("copied data differs")
+			}
+			if st := r.b.Stats(); st.BytesCopied != uint64(tc.lineLen*tc.lines) || st.CopiesRun != 1 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+func TestCopyEngineFault(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	c.s.mapVRAM(vramVA, 2*nvc0.PageSize)
+	// The destination's second page is read-only.
+	ro := r.alloc(nvc0.PageSize, nvc0.PageSize)
+	c.s.mapVRAM(vramVA+0x10000, nvc0.PageSize)
+	c.s.mapPage(vramVA+0x11000, ro, nvc0.TargetVRAM, false, true)
+	c.push(cat(bind(0, nvc0.ClassFermiCopy), copyCmd(0, vramVA, vramVA+0x10000, 0, 0, 2*nvc0.PageSize, 1))...)
+	c.mustFault()
+	st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
+	if st&nvc0.FaultReasonMask != nvc0.FaultReasonReadOnly || st&nvc0.FaultWrite == 0 {
+		t.Fatalf("fault status %#x", st)
+	}
+	if lo := r.b.Read32(nvc0.BAR0, nvc0.RegFaultAddrLo); lo != vramVA+0x11000 {
+		t.Fatalf("fault address %#x", lo)
+	}
+}
+
+// kernelLaunch writes a code object and parameters into c's space and returns
+// the launch push buffer.
+func kernelLaunch(r *rig, c *tchan, id nvc0.KernelID, magic uint32, params ...uint64) []uint32 {
+	const codeVA, startID, cbVA = 0x50000000, 0x100, 0x50010000
+	code := c.s.mapVRAM(codeVA, nvc0.PageSize)
+	cb := c.s.mapVRAM(cbVA, nvc0.PageSize)
+	obj := make([]byte, nvc0.KernelObjectSize)
+	binary.LittleEndian.PutUint32(obj[0:], magic)
+	binary.LittleEndian.PutUint32(obj[4:], uint32(id))
+	binary.LittleEndian.PutUint32(obj[8:], nvc0.KernelVersion)
+	r.hostWrite(code+startID, obj)
+	p := make([]byte, 8*len(params))
+	for i, v := range params {
+		binary.LittleEndian.PutUint64(p[8*i:], v)
+	}
+	r.hostWrite(cb, p)
+	return cat(bind(1, nvc0.ClassFermiCompute), []uint32{
+		nvc0.Incr(1, nvc0.ComputeMthdCodeAddrHi, 2), codeVA >> 32, codeVA,
+		nvc0.Incr(1, nvc0.ComputeMthdCBSize, 3), uint32(len(p)), cbVA >> 32, cbVA,
+		nvc0.Incr(1, nvc0.ComputeMthdStartID, 1), startID,
+		nvc0.Incr(1, nvc0.ComputeMthdGridDimX, 1), 1,
+		nvc0.Incr(1, nvc0.ComputeMthdLaunch, 1), 0,
+	})
+}
+
+// maddSetup maps three n×n matrices (a in VRAM, b in system memory, c in VRAM)
+// and fills a and b.
+func maddSetup(r *rig, c *tchan, n int) (a, b []uint32, va, vb, vc, cpa uint64) {
+	bytesN := uint64(n * n * 4)
+	va, vb, vc = vramVA, sysVA, vramVA+0x1000000
+	apa := c.s.mapVRAM(va, bytesN)
+	sys := r.newSysMem(int((bytesN + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)))
+	c.s.mapSys(vb, sys.base, uint64(len(sys.mem)))
+	cpa = c.s.mapVRAM(vc, bytesN)
+	rng := rand.New(rand.NewPCG(3, 4))
+	a, b = make([]uint32, n*n), make([]uint32, n*n)
+	for i := range a {
+		a[i], b[i] = rng.Uint32(), rng.Uint32()
+	}
+	r.hostWrite(apa, kernels.EncodeU32s(a))
+	copy(sys.mem, kernels.EncodeU32s(b))
+	return a, b, va, vb, vc, cpa
+}
+
+func TestKernelMadd(t *testing.T) {
+	const n = 37
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	a, b, va, vb, vc, cpa := maddSetup(r, c, n)
+	semPA := c.semPage()
+	c.push(cat(kernelLaunch(r, c, nvc0.KernelMadd, nvc0.KernelMagic, va, vb, vc, n), semRelease(chanDataVA, 1))...)
+	c.mustFinish()
+	got := kernels.DecodeU32s(r.hostRead(cpa, n*n*4))
+	want := kernels.MaddU32(a, b)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("c[%d] = %d, want %d", i, got[i], want[i])
+		}
+	}
+	if r.r32(semPA) != 1 || r.b.Stats().KernelsRun != 1 {
+		t.Fatal("fence after the kernel not written / kernel not counted")
+	}
+}
+
+func TestKernelFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		id     nvc0.KernelID
+		magic  uint32
+		params func(va, vb, vc uint64) []uint64
+		reason uint32
+	}{
+		{"bad magic", nvc0.KernelMadd, 0x1234, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, vc, 4} }, nvc0.FaultReasonMethod},
+		{"unknown kernel", 99, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return nil }, nvc0.FaultReasonMethod},
+		{"bad params", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va} }, nvc0.FaultReasonMethod},
+		{"output unmapped", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, 0x48800000, 4} }, nvc0.FaultReasonPTE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			c := r.newChan(0, nil)
+			_, _, va, vb, vc, _ := maddSetup(r, c, 4)
+			c.push(kernelLaunch(r, c, tc.id, tc.magic, tc.params(va, vb, vc)...)...)
+			c.mustFault()
+			if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != tc.reason {
+				t.Fatalf("fault status %#x, want reason %d", st, tc.reason)
+			}
+		})
+	}
+}
+
+func TestPGRAPHBusyWhileKernelRuns(t *testing.T) {
+	r := newRig(t)
+	release, started := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // registered after the rig's Close, so it runs first
+	done := make(chan error)
+	go func() {
+		done <- r.b.do(r.b.compute, func() error { close(started); <-release; return nil })
+	}()
+	<-started
+	if r.b.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) == 0 {
+		t.Error("PGRAPH idle while the compute engine runs")
+	}
+	// A channel's kernel queues behind it (one kernel at a time).
+	c := r.newChan(0, nil)
+	pa := c.semPage()
+	c.push(cat(kernelLaunch(r, c, nvc0.KernelNop, nvc0.KernelMagic), semRelease(chanDataVA, 1))...)
+	if r.r32(pa) != 0 || r.b.Stats().KernelsRun != 0 {
+		t.Error("kernel ran while the engine was busy")
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.mustFinish()
+	if r.b.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) != 0 || r.r32(pa) != 1 {
+		t.Error("PGRAPH busy after the work / kernel not run")
+	}
+}
+
+func TestTimingFermiEndToEnd(t *testing.T) {
+	// The profile must not change results (no wall-clock assertions).
+	r := newRigConfig(t, Config{VRAMSize: testVRAM, Channels: 2, MemPartitions: 1, Timing: TimingFermi()})
+	c := r.newChan(1, nil)
+	pa := c.semPage()
+	c.push(cat(kernelLaunch(r, c, nvc0.KernelLoop, nvc0.KernelMagic, 1000, 0), semRelease(chanDataVA, 5))...)
+	c.mustFinish()
+	if r.r32(pa) != 5 {
+		t.Fatal("semaphore not written")
+	}
+}
+
+func TestKillWaitsForEngineOperation(t *testing.T) {
+	r := newRig(t)
+	release, started := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // registered after the rig's Close, so it runs first
+	done := make(chan error)
+	go func() {
+		done <- r.b.do(r.b.compute, func() error { close(started); <-release; return nil })
+	}()
+	<-started
+	for r.b.compute.queued.Load() != 0 { // our own hand-over is accounted for
+	}
+	c := r.newChan(0, nil)
+	pa := c.semPage()
+	c.push(cat(kernelLaunch(r, c, nvc0.KernelNop, nvc0.KernelMagic), semRelease(chanDataVA, 1))...)
+	for r.b.compute.queued.Load() == 0 { // the channel is handing its kernel over
+	}
+	r.b.Write32(nvc0.BAR0, nvc0.RegChanKill, uint32(c.id))
+	if c.waitKill() {
+		t.Fatal("kill completed while the channel's engine operation is outstanding")
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for !c.waitKill() {
+	}
+	if r.b.Stats().KernelsRun != 1 {
+		t.Error("the handed-over kernel did not run to completion")
+	}
+	if r.r32(pa) != 0 {
+		t.Error("the killed channel kept executing methods")
+	}
+}

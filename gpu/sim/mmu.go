@@ -1,0 +1,262 @@
+package sim
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// The GPU MMU. An address space is named by its page directory's VRAM address
+// (and by whether it is a BAR address space, since TLB flushes name the two
+// kinds separately). Each address space has a bounded TLB of 4 KiB
+// translations. Like the real TLB it is never kept coherent with the page
+// tables: a changed PTE takes effect once a TLB flush names that page
+// directory (or once the entry happens to be evicted).
+
+// tlbMaxEntries bounds each address space's TLB.
+const tlbMaxEntries = 4096
+
+// faultError is a translation or access failure of a GPU virtual address.
+type faultError struct {
+	va     uint64
+	reason uint32 // nvc0.FaultReason*
+	write  bool
+}
+
+func (e *faultError) Error() string {
+	op := "read"
+	if e.write {
+		op = "write"
+	}
+	return fmt.Sprintf("gpu mmu fault: %s at %#x: %s", op, e.va, nvc0.FaultReasonName(e.reason))
+}
+
+type tlbEntry struct {
+	page phys // physical address of the 4 KiB page
+	ro   bool
+}
+
+type addrSpace struct {
+	mu  sync.Mutex
+	tlb map[uint64]tlbEntry // va >> PageShift -> translation
+}
+
+type spaceKey struct {
+	pd  uint64
+	bar bool
+}
+
+type mmu struct {
+	b      *Board
+	mu     sync.Mutex
+	spaces map[spaceKey]*addrSpace
+}
+
+func newMMU(b *Board) *mmu { return &mmu{b: b, spaces: make(map[spaceKey]*addrSpace)} }
+
+// space returns the address space with that page directory, creating it.
+// Spaces are never dropped (a flush empties their TLB), so a vm may keep the
+// pointer.
+func (m *mmu) space(pd uint64, bar bool) *addrSpace {
+	k := spaceKey{pd, bar}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	as := m.spaces[k]
+	if as == nil {
+		as = &addrSpace{tlb: make(map[uint64]tlbEntry)}
+		m.spaces[k] = as
+	}
+	return as
+}
+
+// flush drops the cached translations of the channel (vm) and/or BAR (bar)
+// address spaces whose page directory is at pd.
+func (m *mmu) flush(pd uint64, vm, bar bool) {
+	m.b.st.tlbFlushes.Add(1)
+	for _, k := range []spaceKey{{pd, false}, {pd, true}} {
+		if (k.bar && !bar) || (!k.bar && !vm) {
+			continue
+		}
+		m.mu.Lock()
+		as := m.spaces[k]
+		m.mu.Unlock()
+		if as != nil {
+			as.mu.Lock()
+			clear(as.tlb)
+			as.mu.Unlock()
+		}
+	}
+}
+
+// vm is a view of an address space as one RAMIN describes it: the page
+// directory and the address-space limit.
+type vm struct {
+	as    *addrSpace
+	pd    uint64
+	limit uint64
+}
+
+// vmFromRAMIN reads the page directory and limit of the RAMIN at ramin.
+func (b *Board) vmFromRAMIN(ramin uint64, bar bool) *vm {
+	pd := b.vramRead64(ramin + nvc0.RAMINPageDir)
+	limit := b.vramRead64(ramin + nvc0.RAMINAddrLimit)
+	return &vm{as: b.mmu.space(pd, bar), pd: pd, limit: limit}
+}
+
+// translate returns the physical address of va.
+func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
+	if va > v.limit || va >= nvc0.VASize {
+		return phys{}, &faultError{va: va, reason: nvc0.FaultReasonLimit, write: write}
+	}
+	key := va >> nvc0.PageShift
+	v.as.mu.Lock()
+	e, hit := v.as.tlb[key]
+	v.as.mu.Unlock()
+	if hit {
+		b.st.tlbHits.Add(1)
+	} else {
+		b.st.tlbMisses.Add(1)
+		var reason uint32
+		e, reason = b.walk(v.pd, va)
+		if reason != 0 {
+			return phys{}, &faultError{va: va, reason: reason, write: write}
+		}
+		v.as.mu.Lock()
+		if len(v.as.tlb) >= tlbMaxEntries {
+			for k := range v.as.tlb { // evict an arbitrary entry
+				delete(v.as.tlb, k)
+				break
+			}
+		}
+		v.as.tlb[key] = e
+		v.as.mu.Unlock()
+	}
+	if write && e.ro {
+		return phys{}, &faultError{va: va, reason: nvc0.FaultReasonReadOnly, write: write}
+	}
+	return phys{sys: e.page.sys, addr: e.page.addr + va&(nvc0.PageSize-1)}, nil
+}
+
+// readPTE reads a page-table entry; ok is false if the table is not backed.
+func (b *Board) readPTE(table phys, index uint64) (nvc0.PTE, bool) {
+	m, ok := b.slice(phys{sys: table.sys, addr: table.addr + index*nvc0.PTESize}, nvc0.PTESize)
+	if !ok {
+		return nvc0.PTE{}, false
+	}
+	return nvc0.DecodePTE(load32(m[:4]), load32(m[4:])), true
+}
+
+// walk translates va through the page directory at pd (in VRAM): the small
+// page table first, then the large one. It returns a fault reason, or 0.
+func (b *Board) walk(pd, va uint64) (tlbEntry, uint32) {
+	m, ok := b.slice(phys{addr: pd + nvc0.PDEIndex(va)*nvc0.PDESize}, nvc0.PDESize)
+	if !ok {
+		return tlbEntry{}, nvc0.FaultReasonTarget
+	}
+	pde := nvc0.DecodePDE(load32(m[:4]), load32(m[4:]))
+	if !pde.SmallPresent && !pde.LargePresent {
+		return tlbEntry{}, nvc0.FaultReasonPDE
+	}
+	if pde.SmallPresent {
+		// The small table covers the first 1/2^Size of the PDE's range.
+		if idx := nvc0.SmallPTEIndex(va); idx < nvc0.SmallPTECount>>pde.Size {
+			pte, ok := b.readPTE(phys{sys: pde.SmallSys, addr: pde.SmallAddr}, idx)
+			if !ok {
+				return tlbEntry{}, nvc0.FaultReasonTarget
+			}
+			if pte.Present {
+				return b.pageEntry(pte, 0)
+			}
+		}
+	}
+	if pde.LargePresent {
+		pte, ok := b.readPTE(phys{sys: pde.LargeSys, addr: pde.LargeAddr}, nvc0.LargePTEIndex(va))
+		if !ok {
+			return tlbEntry{}, nvc0.FaultReasonTarget
+		}
+		if pte.Present {
+			return b.pageEntry(pte, va&(nvc0.LargePageSize-1)&^(nvc0.PageSize-1))
+		}
+	}
+	return tlbEntry{}, nvc0.FaultReasonPTE
+}
+
+// pageEntry builds the TLB entry for the 4 KiB page at offset sub inside the
+// page a present PTE maps, checking that memory backs it.
+func (b *Board) pageEntry(pte nvc0.PTE, sub uint64) (tlbEntry, uint32) {
+	if pte.Target != nvc0.TargetVRAM && !pte.IsSystem() {
+		return tlbEntry{}, nvc0.FaultReasonTarget
+	}
+	p := phys{sys: pte.IsSystem(), addr: pte.Addr + sub}
+	if _, ok := b.slice(p, nvc0.PageSize); !ok {
+		return tlbEntry{}, nvc0.FaultReasonTarget
+	}
+	return tlbEntry{page: p, ro: pte.ReadOnly}, 0
+}
+
+// vmSlice returns the memory behind [va, va+n) up to the end of va's page,
+// and whether it is system memory.
+func (b *Board) vmSlice(v *vm, va, n uint64, write bool) ([]byte, bool, error) {
+	p, err := b.translate(v, va, write)
+	if err != nil {
+		return nil, false, err
+	}
+	n = min(n, nvc0.PageSize-va&(nvc0.PageSize-1))
+	m, ok := b.slice(p, n)
+	if !ok {
+		return nil, false, &faultError{va: va, reason: nvc0.FaultReasonTarget, write: write}
+	}
+	return m, p.sys, nil
+}
+
+// vmRead copies [va, va+len(p)) into p.
+func (b *Board) vmRead(v *vm, p []byte, va uint64) error {
+	for len(p) > 0 {
+		m, _, err := b.vmSlice(v, va, uint64(len(p)), false)
+		if err != nil {
+			return err
+		}
+		n := copy(p, m)
+		p, va = p[n:], va+uint64(n)
+	}
+	return nil
+}
+
+// vmWrite copies p to [va, va+len(p)).
+func (b *Board) vmWrite(v *vm, p []byte, va uint64) error {
+	for len(p) > 0 {
+		m, _, err := b.vmSlice(v, va, uint64(len(p)), true)
+		if err != nil {
+			return err
+		}
+		n := copy(m, p)
+		p, va = p[n:], va+uint64(n)
+	}
+	return nil
+}
+
+// vmRead32 reads the aligned word at va atomically.
+func (b *Board) vmRead32(v *vm, va uint64) (uint32, error) {
+	m, _, err := b.vmSlice(v, va, 4, false)
+	if err != nil {
+		return 0, err
+	}
+	if len(m) < 4 {
+		return 0, &faultError{va: va, reason: nvc0.FaultReasonMethod}
+	}
+	return load32(m), nil
+}
+
+// vmWrite32 writes the aligned word at va atomically.
+func (b *Board) vmWrite32(v *vm, va uint64, val uint32) error {
+	m, _, err := b.vmSlice(v, va, 4, true)
+	if err != nil {
+		return err
+	}
+	if len(m) < 4 {
+		return &faultError{va: va, reason: nvc0.FaultReasonMethod, write: true}
+	}
+	store32(m, val)
+	return nil
+}

@@ -1,0 +1,361 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// PFIFO: the channel table, the playlist, doorbells and the per-channel
+// workers that fetch GPFIFO entries.
+//
+// A channel is schedulable when its instance word is valid, its control word
+// has ChanCtlEnable, it is in the last submitted playlist, and it has not
+// stopped on a fault or kill. A doorbell (a GP_PUT write through the poll
+// area) marks it as having work; its worker (one goroutine per channel,
+// started on first use) then reads the RAMIN, and executes the GPFIFO entries
+// from GP_GET to GP_PUT, publishing GP_GET after each entry's work is done.
+
+// fifoState is board-wide PFIFO state (beyond the registers).
+type fifoState struct {
+	playlistMu sync.Mutex // serialises playlist submissions
+}
+
+// channel is one PFIFO channel.
+type channel struct {
+	b    *Board
+	id   int
+	kick chan struct{} // wakes the worker; buffered, never blocks
+
+	mu      sync.Mutex
+	done    *sync.Cond // signalled (with mu) when a run ends
+	inst    uint32     // instance word as written
+	ctl     uint32     // control word as written
+	inList  bool       // in the last submitted playlist
+	stopped bool       // faulted or killed: fetches nothing more until re-enabled
+	killing bool       // a kill is waiting for the current run to end
+	pending bool       // a doorbell's work is not finished
+	running bool       // the worker is inside a run
+	started bool       // the worker goroutine exists
+	bells   uint64     // doorbell generation
+	epoch   uint64     // bumped by enable and kill: a run of an older epoch is void
+	gpGet   uint32
+	cancel  context.CancelFunc // cancels the current run's waits (semaphore acquire)
+
+	// State of the methods, owned by the worker.
+	stateEpoch uint64
+	subc       [nvc0.NumSubchannels]uint32
+	sem        semState
+	compute    computeState
+	copy       copyState
+}
+
+func newChannel(b *Board, id int) *channel {
+	c := &channel{b: b, id: id, kick: make(chan struct{}, 1)}
+	c.done = sync.NewCond(&c.mu)
+	return c
+}
+
+// schedulable reports whether the channel may fetch work. Call with mu held.
+func (c *channel) schedulable() bool {
+	return c.inst&nvc0.ChanInstValid != 0 && c.ctl&nvc0.ChanCtlEnable != 0 &&
+		c.inList && !c.stopped && !c.killing
+}
+
+func (c *channel) readInst() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inst
+}
+
+func (c *channel) writeInst(v uint32) {
+	c.mu.Lock()
+	c.inst = v
+	wake := c.schedulable() && c.pending
+	c.mu.Unlock()
+	if wake {
+		c.wake()
+	}
+}
+
+func (c *channel) readCtl() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.ctl &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
+	if c.stopped {
+		v |= nvc0.ChanCtlFaulted
+	} else if c.pending || c.running {
+		v |= nvc0.ChanCtlBusy
+	}
+	return v
+}
+
+// writeCtl stores the control word. Enabling a disabled channel makes it a
+// fresh channel: GP_GET (in the channel and in its user area) is 0, any stop
+// is forgotten and the subchannel bindings are cleared.
+func (c *channel) writeCtl(v uint32) {
+	c.mu.Lock()
+	old := c.ctl
+	c.ctl = v &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
+	enabling := old&nvc0.ChanCtlEnable == 0 && v&nvc0.ChanCtlEnable != 0
+	if enabling {
+		c.epoch++
+		c.gpGet = 0
+		c.stopped = false
+		c.pending = false
+		if c.inst&nvc0.ChanInstValid != 0 {
+			c.b.physWrite32(phys{addr: c.b.userArea(nvc0.InstDecode(c.inst)) + nvc0.UserGPGet}, 0)
+		}
+	}
+	wake := c.schedulable() && c.pending
+	c.mu.Unlock()
+	if wake {
+		c.wake()
+	}
+}
+
+// userArea returns the VRAM address of the user area named by a RAMIN.
+func (b *Board) userArea(ramin uint64) uint64 {
+	return uint64(b.vramRead32(ramin+nvc0.RAMINUserHi))<<32 | uint64(b.vramRead32(ramin+nvc0.RAMINUserLo))
+}
+
+// doorbell records that channel ch has new work and wakes its worker.
+func (b *Board) doorbell(ch int) {
+	if ch < 0 || ch >= len(b.chans) {
+		return
+	}
+	b.st.doorbells.Add(1)
+	c := b.chans[ch]
+	c.mu.Lock()
+	c.bells++
+	wake := false
+	if !c.stopped {
+		c.pending = true
+		wake = c.schedulable()
+	}
+	c.mu.Unlock()
+	if wake {
+		c.wake()
+	}
+}
+
+// wake starts the worker if needed and pokes it. Callers are inside an MMIO
+// access (holding the board's life lock).
+func (c *channel) wake() {
+	c.mu.Lock()
+	if !c.started {
+		c.started = true
+		c.b.goTracked(c.worker)
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// submitPlaylist replaces the set of schedulable channels with the count
+// entries of the playlist at addr in VRAM.
+func (b *Board) submitPlaylist(addr uint64, count int) {
+	b.fifo.playlistMu.Lock()
+	defer b.fifo.playlistMu.Unlock()
+	in := make([]bool, len(b.chans))
+	for i := range count {
+		ch := b.vramRead32(addr + uint64(i)*nvc0.PlaylistEntrySize)
+		if int(ch) < len(in) {
+			in[ch] = true
+		}
+	}
+	for i, c := range b.chans {
+		c.mu.Lock()
+		c.inList = in[i]
+		wake := c.schedulable() && c.pending
+		c.mu.Unlock()
+		if wake {
+			c.wake()
+		}
+	}
+}
+
+// killChannel stops channel v after its current engine operation, disables
+// it and marks it killed. RegChanKill reads v once that is done.
+func (b *Board) killChannel(v uint32) {
+	if int64(v) >= int64(len(b.chans)) {
+		b.r.chanKill.Store(v)
+		return
+	}
+	b.r.chanKill.Store(nvc0.ChanKillPending)
+	c := b.chans[v]
+	c.mu.Lock()
+	c.killing = true
+	c.epoch++
+	if c.cancel != nil {
+		c.cancel()
+	}
+	running := c.running
+	c.mu.Unlock()
+	finish := func() {
+		c.mu.Lock()
+		for c.running {
+			c.done.Wait()
+		}
+		b.reportFault(c.id, c.inst, 0, nvc0.FaultReasonKilled, false)
+		c.killing = false
+		c.stopped = true
+		c.pending = false
+		c.ctl &^= nvc0.ChanCtlEnable
+		c.mu.Unlock()
+		b.st.chanKills.Add(1)
+		b.r.chanKill.Store(v)
+	}
+	if !running {
+		finish()
+		return
+	}
+	b.goTracked(finish)
+}
+
+// reportFault fills the fault report registers and raises PFIFO_INTR. Every
+// stop sets PFIFOIntrMMUFault (the report registers changed); method errors
+// also set PFIFOIntrChanErr. A kill fills the report but raises nothing.
+func (b *Board) reportFault(ch int, inst uint32, va uint64, reason uint32, write bool) {
+	status := reason&nvc0.FaultReasonMask | uint32(ch)&nvc0.FaultChanMask<<nvc0.FaultChanShift
+	if write {
+		status |= nvc0.FaultWrite
+	}
+	lo, hi := uint32(va), uint32(va>>32)
+	b.r.faultMu.Lock()
+	b.r.faultInst = nvc0.InstEncode(nvc0.InstDecode(inst), nvc0.FaultValid)
+	b.r.faultLo, b.r.faultHi = lo, hi
+	b.r.faultStatus = status
+	b.r.faultMu.Unlock()
+	switch reason {
+	case nvc0.FaultReasonKilled:
+	case nvc0.FaultReasonMethod:
+		b.r.pfifoIntr.Or(nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr)
+	default:
+		b.r.pfifoIntr.Or(nvc0.PFIFOIntrMMUFault)
+	}
+}
+
+// worker is the channel's goroutine.
+func (c *channel) worker() {
+	for {
+		select {
+		case <-c.b.ctx.Done():
+			return
+		case <-c.kick:
+		}
+		c.run()
+	}
+}
+
+// run executes the channel's GPFIFO entries until GP_GET reaches GP_PUT, the
+// channel stops being schedulable, or it faults.
+func (c *channel) run() {
+	b := c.b
+	c.mu.Lock()
+	if !c.schedulable() {
+		c.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	c.running, c.cancel = true, cancel
+	bells, epoch, get, inst := c.bells, c.epoch, c.gpGet, c.inst
+	c.mu.Unlock()
+
+	idle := false
+	defer func() {
+		c.mu.Lock()
+		c.running, c.cancel = false, nil
+		if idle && c.bells == bells && c.epoch == epoch {
+			c.pending = false
+		}
+		c.done.Broadcast()
+		c.mu.Unlock()
+	}()
+
+	ramin := nvc0.InstDecode(inst)
+	user := b.userArea(ramin)
+	ringVA, entries := nvc0.GPFIFODecode(b.vramRead32(ramin+nvc0.RAMINGPFIFOLo), b.vramRead32(ramin+nvc0.RAMINGPFIFOHi))
+	v := b.vmFromRAMIN(ramin, false)
+	if c.stateEpoch != epoch { // a fresh channel: no bindings, no method state
+		c.stateEpoch = epoch
+		c.subc = [nvc0.NumSubchannels]uint32{}
+		c.sem, c.compute, c.copy = semState{}, computeState{}, copyState{}
+	}
+	for {
+		put, ok := b.physRead32(phys{addr: user + nvc0.UserGPPut})
+		if !ok {
+			c.fault(epoch, inst, user, nvc0.FaultReasonTarget, false)
+			return
+		}
+		if put >= entries {
+			c.fault(epoch, inst, user+nvc0.UserGPPut, nvc0.FaultReasonMethod, false)
+			return
+		}
+		if put == get {
+			idle = true
+			return
+		}
+		c.mu.Lock()
+		ok = c.schedulable() && c.epoch == epoch
+		c.mu.Unlock()
+		if !ok {
+			return
+		}
+		if err := c.entry(ctx, v, ringVA+uint64(get)*nvc0.GPFIFOEntrySize); err != nil {
+			var fe *faultError
+			if errors.As(err, &fe) {
+				c.fault(epoch, inst, fe.va, fe.reason, fe.write)
+			}
+			return // otherwise cancelled: killed or board closing
+		}
+		get = (get + 1) % entries
+		c.mu.Lock()
+		if c.epoch != epoch {
+			c.mu.Unlock()
+			return
+		}
+		c.gpGet = get
+		b.physWrite32(phys{addr: user + nvc0.UserGPGet}, get)
+		c.mu.Unlock()
+		b.st.gpEntries.Add(1)
+	}
+}
+
+// entry fetches and executes the push buffer of the GPFIFO entry at va.
+func (c *channel) entry(ctx context.Context, v *vm, va uint64) error {
+	var e [nvc0.GPFIFOEntrySize]byte
+	if err := c.b.vmRead(v, e[:], va); err != nil {
+		return err
+	}
+	pbVA, words := nvc0.GPFIFODecodeEntry(load32(e[:4]), load32(e[4:]))
+	if words == 0 {
+		return &faultError{va: va, reason: nvc0.FaultReasonMethod}
+	}
+	pb := make([]byte, uint64(words)*4)
+	if err := c.b.vmRead(v, pb, pbVA); err != nil {
+		return err
+	}
+	return c.exec(ctx, v, pbVA, pb)
+}
+
+// fault stops the channel (unless a kill or re-enable overtook the run) and
+// reports the fault.
+func (c *channel) fault(epoch uint64, inst uint32, va uint64, reason uint32, write bool) {
+	c.mu.Lock()
+	if c.epoch != epoch {
+		c.mu.Unlock()
+		return
+	}
+	// Report first, so whoever sees ChanCtlFaulted finds the report filled.
+	c.b.reportFault(c.id, inst, va, reason, write)
+	c.stopped = true
+	c.pending = false
+	c.mu.Unlock()
+	c.b.st.chanFaults.Add(1)
+}

@@ -1,0 +1,142 @@
+package sim
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+)
+
+// Timing is the board's timing model. The zero value (TimingNone) adds no
+// delay anywhere: the board runs as fast as the host allows, for tests.
+//
+// With a non-zero profile every MMIO read costs MMIOReadNs and every write
+// MMIOWriteNs (busy-waited: time.Sleep cannot express sub-microsecond delays),
+// a kernel takes at least LaunchOverheadNs + max(Ops/ComputeOpsPerSec,
+// Bytes/VRAMBytesPerSec), and a copy at least Bytes/DMABytesPerSec when either
+// side is system memory, else Bytes/VRAMBytesPerSec. When the real work took
+// longer than the model, the real time stands.
+type Timing struct {
+	// Name is the profile's name ("none", "fermi" or a caller's own).
+	Name string
+	// MMIOReadNs is the cost of one uncached BAR read (a PCIe round trip).
+	MMIOReadNs int64
+	// MMIOWriteNs is the cost of one posted BAR write.
+	MMIOWriteNs int64
+	// LaunchOverheadNs is the fixed cost of a kernel launch.
+	LaunchOverheadNs int64
+	// DMABytesPerSec is the bus bandwidth for copies touching system memory (0 = unlimited).
+	DMABytesPerSec float64
+	// VRAMBytesPerSec is the device-memory bandwidth (0 = unlimited).
+	VRAMBytesPerSec float64
+	// ComputeOpsPerSec is the kernel throughput in simple operations per second (0 = unlimited).
+	ComputeOpsPerSec float64
+}
+
+// TimingNone returns the profile that adds no delay.
+func TimingNone() Timing { return Timing{Name: "none"} }
+
+// TimingFermi returns a Fermi-class profile: a Quadro 6000 (GF100GL, 448 CUDA
+// cores at 1.15 GHz, 6 GiB GDDR5 on a 384-bit bus) in a PCIe 2.0 x16 slot.
+//
+//   - MMIOReadNs 800: an uncached read of a BAR register is a non-posted PCIe
+//     round trip; measured on PCIe 2.0 systems it is 0.5–1 µs.
+//   - MMIOWriteNs 60: a posted write retires into the root complex's write
+//     buffer; the CPU sees roughly the cost of an uncached store.
+//   - DMABytesPerSec 5.5e9: PCIe 2.0 x16 is 8 GB/s raw, ~6.4 GB/s after 8b/10b
+//     and TLP overhead; cudaMemcpy from pinned memory reaches ~5.5–6 GB/s.
+//   - VRAMBytesPerSec 144e9: the Quadro 6000's specified memory bandwidth
+//     (384 bit × 3 Gbps).
+//   - ComputeOpsPerSec 1e12: 448 cores × 1.15 GHz × 2 (FMA) ≈ 1.03 Tflop/s
+//     single-precision peak.
+//   - LaunchOverheadNs 5000: a Fermi kernel launch costs ~5 µs end to end
+//     (CUDA 4-era measurements of empty-kernel launch latency).
+func TimingFermi() Timing {
+	return Timing{
+		Name:             "fermi",
+		MMIOReadNs:       800,
+		MMIOWriteNs:      60,
+		LaunchOverheadNs: 5000,
+		DMABytesPerSec:   5.5e9,
+		VRAMBytesPerSec:  144e9,
+		ComputeOpsPerSec: 1e12,
+	}
+}
+
+// TimingByName returns the named profile: "none" or "fermi".
+func TimingByName(name string) (Timing, error) {
+	switch name {
+	case "none", "":
+		return TimingNone(), nil
+	case "fermi":
+		return TimingFermi(), nil
+	}
+	return Timing{}, fmt.Errorf("sim: unknown timing profile %q (want none or fermi)", name)
+}
+
+// isNone reports whether the profile adds no delay at all.
+func (t Timing) isNone() bool {
+	return t.MMIOReadNs == 0 && t.MMIOWriteNs == 0 && t.LaunchOverheadNs == 0 &&
+		t.DMABytesPerSec == 0 && t.VRAMBytesPerSec == 0 && t.ComputeOpsPerSec == 0
+}
+
+func (t Timing) validate() error {
+	if t.MMIOReadNs < 0 || t.MMIOWriteNs < 0 || t.LaunchOverheadNs < 0 ||
+		t.DMABytesPerSec < 0 || t.VRAMBytesPerSec < 0 || t.ComputeOpsPerSec < 0 {
+		return fmt.Errorf("sim: timing profile %q has a negative value", t.Name)
+	}
+	return nil
+}
+
+// perSec returns the time n units take at rate units per second (0 = unlimited).
+func perSec(n uint64, rate float64) time.Duration {
+	if rate <= 0 || n == 0 {
+		return 0
+	}
+	return time.Duration(float64(n) / rate * float64(time.Second))
+}
+
+// kernelTime is the modelled duration of a kernel of the given cost.
+func (t Timing) kernelTime(ops, bytes uint64) time.Duration {
+	return time.Duration(t.LaunchOverheadNs) + max(perSec(ops, t.ComputeOpsPerSec), perSec(bytes, t.VRAMBytesPerSec))
+}
+
+// copyTime is the modelled duration of a copy of n bytes.
+func (t Timing) copyTime(n uint64, sys bool) time.Duration {
+	if sys {
+		return perSec(n, t.DMABytesPerSec)
+	}
+	return perSec(n, t.VRAMBytesPerSec)
+}
+
+// spinThreshold: waits longer than this sleep (leaving the remainder to the
+// spin); shorter ones busy-wait, since the scheduler's sleep granularity is
+// tens of microseconds.
+const spinThreshold = 200 * time.Microsecond
+
+// spinFor busy-waits for d.
+func spinFor(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	waitUntil(time.Now().Add(d))
+}
+
+// waitUntil waits until the deadline: sleeping while far away, spinning close to it.
+func waitUntil(deadline time.Time) {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		if left > spinThreshold {
+			time.Sleep(left - spinThreshold/2)
+			continue
+		}
+		if left > 20*time.Microsecond {
+			runtime.Gosched()
+		}
+	}
+}
+
+// timeNs converts a nanosecond count.
+func timeNs(ns int64) time.Duration { return time.Duration(ns) }
