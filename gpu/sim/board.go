@@ -23,6 +23,11 @@ type Config struct {
 	MemPartitions int
 	// Timing is the timing model.
 	Timing Timing
+	// VRAMSegments optionally splits VRAM into separately backed segments of
+	// these sizes (page multiples adding up to VRAMSize), so that a segment —
+	// a VM's slice — can be handed to another process alone
+	// (VRAMSegmentFile). Empty means one segment.
+	VRAMSegments []uint64
 }
 
 // DefaultConfig is a Quadro 6000: 6 GiB of VRAM in 6 partitions, 128
@@ -90,7 +95,7 @@ func New(cfg Config) (*Board, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	v, err := newVRAM(cfg.VRAMSize)
+	v, err := newVRAM(cfg.VRAMSize, cfg.VRAMSegments)
 	if err != nil {
 		return nil, fmt.Errorf("sim: new board: %w", err)
 	}

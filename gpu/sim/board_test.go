@@ -290,3 +290,59 @@ func TestCloseIdempotent(t *testing.T) {
 		t.Fatal("write to closed board succeeded")
 	}
 }
+
+// A segmented VRAM is one address space for the board, but each segment can
+// be handed out alone: writes through either view are seen by the other, and
+// the segment cannot be resized by whoever holds it.
+func TestVRAMSegments(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions = 256<<20, 1
+	cfg.VRAMSegments = []uint64{64 << 20, 128 << 20, 64 << 20}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	f, err := b.VRAMSegmentFile(64<<20, 128<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	seg, err := unix.Mmap(int(f.Fd()), 0, 128<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(seg)
+	if err := b.WriteVRAM([]byte{1, 2, 3, 4}, 64<<20+8); err != nil {
+		t.Fatal(err)
+	}
+	if seg[8] != 1 || seg[11] != 4 {
+		t.Fatalf("board write not seen in the segment: % x", seg[8:12])
+	}
+	seg[4096] = 0xEE
+	got := make([]byte, 1)
+	if err := b.ReadVRAM(got, 64<<20+4096); err != nil || got[0] != 0xEE {
+		t.Fatalf("segment write not seen by the board: %x %v", got, err)
+	}
+	// Scrub across a segment boundary.
+	if err := b.WriteVRAM([]byte{9}, 64<<20-1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ScrubVRAM(64<<20-4096, 2*4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReadVRAM(got, 64<<20-1); err != nil || got[0] != 0 || seg[8] != 0 {
+		t.Fatalf("scrub across segments left data: %x %x", got, seg[8])
+	}
+	if err := unix.Ftruncate(int(f.Fd()), 4096); err == nil {
+		t.Fatal("a holder of the segment could shrink it")
+	}
+	if _, err := b.VRAMSegmentFile(0, 128<<20); err == nil {
+		t.Fatal("handed out a range that is not a segment")
+	}
+	bad := cfg
+	bad.VRAMSegments = []uint64{64 << 20}
+	if _, err := New(bad); err == nil {
+		t.Fatal("segments not adding up to VRAMSize accepted")
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/spin"
 )
 
 // Engines run work items handed over by channel workers, in their own
@@ -82,8 +83,8 @@ func (b *Board) modelWait(start time.Time, d time.Duration) {
 		return
 	}
 	deadline := start.Add(d)
-	if left := time.Until(deadline); left > spinThreshold {
-		t := time.NewTimer(left - spinThreshold/2)
+	if left := time.Until(deadline); left > spin.SleepAbove {
+		t := time.NewTimer(left - spin.SleepAbove/2)
 		select {
 		case <-b.ctx.Done():
 			t.Stop()
@@ -91,7 +92,7 @@ func (b *Board) modelWait(start time.Time, d time.Duration) {
 		case <-t.C:
 		}
 	}
-	waitUntil(deadline)
+	spin.Until(deadline)
 }
 
 // computeState is the compute class's method state.

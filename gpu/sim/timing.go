@@ -2,8 +2,9 @@ package sim
 
 import (
 	"fmt"
-	"runtime"
 	"time"
+
+	"github.com/gpuvm/gpuvm/internal/spin"
 )
 
 // Timing is the board's timing model. The zero value (TimingNone) adds no
@@ -108,35 +109,8 @@ func (t Timing) copyTime(n uint64, sys bool) time.Duration {
 	return perSec(n, t.VRAMBytesPerSec)
 }
 
-// spinThreshold: waits longer than this sleep (leaving the remainder to the
-// spin); shorter ones busy-wait, since the scheduler's sleep granularity is
-// tens of microseconds.
-const spinThreshold = 200 * time.Microsecond
-
-// spinFor busy-waits for d.
-func spinFor(d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	waitUntil(time.Now().Add(d))
-}
-
-// waitUntil waits until the deadline: sleeping while far away, spinning close to it.
-func waitUntil(deadline time.Time) {
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return
-		}
-		if left > spinThreshold {
-			time.Sleep(left - spinThreshold/2)
-			continue
-		}
-		if left > 20*time.Microsecond {
-			runtime.Gosched()
-		}
-	}
-}
+// spinFor busy-waits for d (the MMIO costs are far below sleep granularity).
+func spinFor(d time.Duration) { spin.For(d) }
 
 // timeNs converts a nanosecond count.
 func timeNs(ns int64) time.Duration { return time.Duration(ns) }

@@ -2,48 +2,107 @@ package sim
 
 import (
 	"fmt"
+	"os"
+	"sort"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
-// vram is the board's device memory: a sparse memfd mapped shared. Pages cost
-// host memory only once written; ScrubVRAM punches them out again. The
-// mapping is accessed without locks (like real memory, concurrent device and
-// CPU accesses are the driver's business).
+// vram is the board's device memory: sparse memfds mapped shared, one after
+// the other in a single contiguous mapping. Pages cost host memory only once
+// written; ScrubVRAM punches them out again. With several segments, each is
+// its own memfd, so one segment (a VM's slice) can be handed to another
+// process without exposing the rest. The mapping is accessed without locks
+// (like real memory, concurrent device and CPU accesses are the driver's
+// business).
 type vram struct {
-	fd  int
-	mem []byte
+	mem  []byte
+	segs []segment
 }
 
-func newVRAM(size uint64) (*vram, error) {
-	fd, err := unix.MemfdCreate("gpuvm-vram", unix.MFD_CLOEXEC)
+// segment is one memfd-backed part of VRAM.
+type segment struct {
+	base, size uint64
+	fd         int
+}
+
+// newVRAM maps size bytes of VRAM made of segments of the given sizes (one
+// segment of the whole size when sizes is empty).
+func newVRAM(size uint64, sizes []uint64) (v *vram, err error) {
+	if len(sizes) == 0 {
+		sizes = []uint64{size}
+	}
+	var sum uint64
+	for _, n := range sizes {
+		if n == 0 || n%nvc0.PageSize != 0 {
+			return nil, fmt.Errorf("vram segment of %#x bytes: not a positive page multiple", n)
+		}
+		sum += n
+	}
+	if sum != size {
+		return nil, fmt.Errorf("vram segments add up to %#x, not %#x", sum, size)
+	}
+	// Reserve the address range, then map each segment's memfd over its part.
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, fmt.Errorf("vram memfd: %w", err)
+		return nil, fmt.Errorf("vram reserve %d: %w", size, err)
 	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("vram ftruncate %d: %w", size, err)
+	v = &vram{mem: mem}
+	defer func() {
+		if err != nil {
+			v.close()
+		}
+	}()
+	var base uint64
+	for _, n := range sizes {
+		fd, err := unix.MemfdCreate("gpuvm-vram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			return v, fmt.Errorf("vram memfd: %w", err)
+		}
+		v.segs = append(v.segs, segment{base: base, size: n, fd: fd})
+		if err := unix.Ftruncate(fd, int64(n)); err != nil {
+			return v, fmt.Errorf("vram ftruncate %d: %w", n, err)
+		}
+		// Whoever maps a segment (a device model, for BAR remap) must not be
+		// able to shrink it under the board.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+			return v, fmt.Errorf("vram seal: %w", err)
+		}
+		addr := uintptr(unsafe.Pointer(&mem[base]))
+		if _, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+			unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0); errno != 0 {
+			return v, fmt.Errorf("vram mmap segment %#x+%#x: %w", base, n, errno)
+		}
+		base += n
 	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("vram mmap %d: %w", size, err)
-	}
-	return &vram{fd: fd, mem: mem}, nil
+	return v, nil
 }
 
 func (v *vram) close() error {
-	err := unix.Munmap(v.mem)
-	v.mem = nil
-	if cerr := unix.Close(v.fd); err == nil && cerr != nil {
-		err = cerr
+	var first error
+	if v.mem != nil {
+		first = unix.Munmap(v.mem)
+		v.mem = nil
 	}
-	if err != nil {
-		return fmt.Errorf("vram release: %w", err)
+	for _, s := range v.segs {
+		if err := unix.Close(s.fd); err != nil && first == nil {
+			first = err
+		}
+	}
+	v.segs = nil
+	if first != nil {
+		return fmt.Errorf("vram release: %w", first)
 	}
 	return nil
+}
+
+// segmentAt returns the segment holding off.
+func (v *vram) segmentAt(off uint64) segment {
+	i := sort.Search(len(v.segs), func(i int) bool { return v.segs[i].base+v.segs[i].size > off })
+	return v.segs[i]
 }
 
 // inRange reports whether [off, off+n) lies inside VRAM.
@@ -52,9 +111,39 @@ func (v *vram) inRange(off, n uint64) bool {
 	return off <= size && n <= size-off
 }
 
-// VRAMFd returns the memfd that backs VRAM, so that aperture pages can be
-// mmap'd into other processes. The board owns it; it is closed by Close.
-func (b *Board) VRAMFd() int { return b.vram.fd }
+// punch returns the pages of [lo, hi) (page aligned) to the host, segment by
+// segment; it reports false if the filesystem cannot punch holes.
+func (v *vram) punch(lo, hi uint64) bool {
+	for lo < hi {
+		s := v.segmentAt(lo)
+		end := min(hi, s.base+s.size)
+		if unix.Fallocate(s.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(lo-s.base), int64(end-lo)) != nil {
+			return false
+		}
+		lo = end
+	}
+	return true
+}
+
+// VRAMSegmentFile returns a new *os.File on the memfd of the VRAM segment
+// that is exactly [base, base+size) (see Config.VRAMSegments), for handing a
+// VM's slice to its device model. The caller closes it.
+func (b *Board) VRAMSegmentFile(base, size uint64) (*os.File, error) {
+	for _, s := range b.vram.segs {
+		if s.base == base && s.size == size {
+			fd, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("sim: VRAM segment: %w", err)
+			}
+			return os.NewFile(uintptr(fd), "gpuvm-vram-segment"), nil
+		}
+	}
+	return nil, fmt.Errorf("sim: no VRAM segment is exactly [%#x, +%#x)", base, size)
+}
+
+// VRAMFd returns the memfd that backs the first VRAM segment (all of VRAM
+// unless Config.VRAMSegments split it). The board owns it; Close closes it.
+func (b *Board) VRAMFd() int { return b.vram.segs[0].fd }
 
 // ReadVRAM copies VRAM at off into p (host-side access, bypassing the MMU).
 func (b *Board) ReadVRAM(p []byte, off uint64) error {
@@ -101,8 +190,7 @@ func (b *Board) ScrubVRAM(off, n uint64) error {
 	}
 	clear(b.vram.mem[off:lo])
 	clear(b.vram.mem[hi:end])
-	err := unix.Fallocate(b.vram.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(lo), int64(hi-lo))
-	if err != nil {
+	if !b.vram.punch(lo, hi) {
 		// A filesystem without hole punching still gets the right contents.
 		clear(b.vram.mem[lo:hi])
 	}
