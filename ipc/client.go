@@ -1,0 +1,464 @@
+package ipc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DialOptions tune a Client. The zero value (or nil) gives the defaults.
+type DialOptions struct {
+	// Logger receives the connection's end; nil discards.
+	Logger *slog.Logger
+	// Spin is how many times the client polls for a response (or for
+	// request-ring space) before it sleeps on its futex (default
+	// DefaultSpin; negative means never spin).
+	Spin int
+}
+
+// Client is the device model's end of a connection. It is safe for
+// concurrent use: requests are serialized in call order per connection, and a
+// Read32 or Call waits for its own reply, so a read observes every write
+// issued before it on this Client.
+//
+// Errors are sticky: after the first transport error (the server hung up, sent
+// a Bye, or broke the protocol) or Close, every call returns that error.
+// Read32 then returns 0xFFFFFFFF, what a dead PCI device reads as.
+type Client struct {
+	conn      *net.UnixConn
+	transport Transport
+	ring      *ringMap
+	spin      int
+	log       *slog.Logger
+
+	mu      sync.Mutex // serializes requests; guards the fields below
+	seq     uint32
+	reqProd uint32 // private copies of the indices this side owns
+	reqCons uint32 // cached copy of the server's consumer index
+	rspCons uint32
+	out     [EntrySize]byte
+	in      [maxPacket]byte
+
+	dead      atomic.Bool
+	errMu     sync.Mutex
+	err       error
+	watchDone chan struct{}
+	closeOnce sync.Once
+}
+
+// Dial connects to the aggregator at socketPath and performs the handshake:
+// it sends hello with ram (the guest RAM memfd: at least hello.RAMSize bytes,
+// sealed with F_SEAL_SHRINK — see CreateMemfd) and extra (at most
+// MaxExtraFiles) attached, and waits for the Welcome. It returns the Welcome
+// and the extra files the server attached, which the caller owns. The caller
+// keeps ownership of ram and extra. A refusal is a *RejectedError.
+//
+// hello is validated locally, except Version (zero means ProtocolVersion):
+// a version mismatch is the server's to report. ctx bounds the handshake only.
+func Dial(ctx context.Context, socketPath string, hello Hello, ram *os.File, extra []*os.File, opts *DialOptions) (*Client, Welcome, []*os.File, error) {
+	c, w, files, err := dial(ctx, socketPath, hello, ram, extra, opts)
+	if err != nil {
+		return nil, Welcome{}, nil, fmt.Errorf("ipc: dial %s: %w", socketPath, err)
+	}
+	return c, w, files, nil
+}
+
+func dial(ctx context.Context, socketPath string, hello Hello, ram *os.File, extra []*os.File, opts *DialOptions) (*Client, Welcome, []*os.File, error) {
+	var o DialOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Spin == 0 {
+		o.Spin = DefaultSpin
+	} else if o.Spin < 0 {
+		o.Spin = 0
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if hello.Version == 0 {
+		hello.Version = ProtocolVersion
+	}
+	hv := hello
+	hv.Version = ProtocolVersion
+	if err := hv.validate(); err != nil {
+		return nil, Welcome{}, nil, fmt.Errorf("invalid hello: %w", err)
+	}
+	if ram == nil {
+		return nil, Welcome{}, nil, errors.New("no guest RAM file")
+	}
+	if len(extra) > MaxExtraFiles {
+		return nil, Welcome{}, nil, fmt.Errorf("%d extra files, at most %d", len(extra), MaxExtraFiles)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unixpacket", socketPath)
+	if err != nil {
+		return nil, Welcome{}, nil, err
+	}
+	conn := nc.(*net.UnixConn)
+	ok := false
+	defer func() {
+		if !ok {
+			conn.Close()
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	fds := []int{int(ram.Fd())}
+	for _, f := range extra {
+		fds = append(fds, int(f.Fd()))
+	}
+	_, _, err = conn.WriteMsgUnix(encodeHello(&hello, len(extra)), unix.UnixRights(fds...), nil)
+	runtime.KeepAlive(ram)
+	runtime.KeepAlive(extra)
+	if err != nil {
+		return nil, Welcome{}, nil, ctxErr(ctx, fmt.Errorf("sending hello: %w", err))
+	}
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(4*(1+MaxExtraFiles)))
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	files, ferr := recvFiles(oob[:oobn], flags)
+	defer func() {
+		if !ok {
+			closeFiles(files)
+		}
+	}()
+	if err != nil {
+		if isEOF(err) {
+			return nil, Welcome{}, nil, peerClosed(err)
+		}
+		return nil, Welcome{}, nil, ctxErr(ctx, fmt.Errorf("reading welcome: %w", err))
+	}
+	if ferr != nil {
+		return nil, Welcome{}, nil, violationf("welcome: %v", ferr)
+	}
+	if n == 0 {
+		return nil, Welcome{}, nil, peerClosed(nil)
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return nil, Welcome{}, nil, violationf("oversized welcome")
+	}
+	switch peekType(buf[:n]) {
+	case msgReject:
+		reason, err := decodeReason(buf[:n], msgReject)
+		if err != nil {
+			return nil, Welcome{}, nil, violationf("%v", err)
+		}
+		return nil, Welcome{}, nil, &RejectedError{Reason: reason}
+	case msgWelcome:
+	default:
+		return nil, Welcome{}, nil, violationf("expected welcome, got %d-byte message", n)
+	}
+	ww, err := decodeWelcome(buf[:n])
+	if err != nil {
+		return nil, Welcome{}, nil, violationf("%v", err)
+	}
+	if ww.transport != hello.Transport {
+		return nil, Welcome{}, nil, violationf("welcome transport %v, asked for %v", ww.transport, hello.Transport)
+	}
+	nring := 0
+	if hello.Transport == TransportShm {
+		nring = 1
+	}
+	if len(files) != nring+ww.nExtra {
+		return nil, Welcome{}, nil, violationf("welcome announces %d+%d fds, carries %d", nring, ww.nExtra, len(files))
+	}
+	c := &Client{
+		conn: conn, transport: hello.Transport, spin: o.Spin,
+		log: o.Logger.With("vgpu", ww.VGPU),
+	}
+	if hello.Transport == TransportShm {
+		r, err := mapClientRing(int(files[0].Fd()), ww.reqEntries, ww.rspEntries)
+		if err != nil {
+			return nil, Welcome{}, nil, violationf("%v", err)
+		}
+		c.ring = r
+		files[0].Close()
+		files = files[1:]
+		c.watchDone = make(chan struct{})
+		go c.watch()
+	} else if ww.reqEntries != 0 || ww.rspEntries != 0 {
+		return nil, Welcome{}, nil, violationf("socket transport welcome has ring sizes")
+	}
+	stop()
+	conn.SetDeadline(time.Time{})
+	ok = true
+	if len(files) == 0 {
+		files = nil
+	}
+	return c, ww.Welcome, files, nil
+}
+
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return err
+}
+
+// Transport returns the connection's transport.
+func (c *Client) Transport() Transport { return c.transport }
+
+// Err returns the sticky error, or nil while the connection is healthy.
+func (c *Client) Err() error {
+	c.errMu.Lock()
+	defer c.errMu.Unlock()
+	return c.err
+}
+
+// fail records the first error and wakes a waiter.
+func (c *Client) fail(err error) error {
+	c.errMu.Lock()
+	if c.err == nil {
+		c.err = err
+		if !errors.Is(err, ErrClosed) {
+			c.log.Warn("ipc: connection failed", "err", err)
+		}
+	}
+	err = c.err
+	c.errMu.Unlock()
+	c.dead.Store(true)
+	if r := c.ring; r != nil {
+		interrupt(r.clientWait)
+	}
+	return err
+}
+
+// watch runs in shm mode: the only thing the server sends on the socket after
+// the Welcome is a Bye, and EOF means it is gone.
+func (c *Client) watch() {
+	defer close(c.watchDone)
+	var b [maxPacket]byte
+	n, err := c.conn.Read(b[:])
+	switch {
+	case err == nil && n > 0 && peekType(b[:n]) == msgBye:
+		if reason, derr := decodeReason(b[:n], msgBye); derr == nil {
+			c.fail(&ByeError{Reason: reason})
+		} else {
+			c.fail(violationf("%v", derr))
+		}
+	case err == nil && n > 0:
+		c.fail(violationf("unexpected %d-byte message from server", n))
+	case c.dead.Load():
+		c.fail(ErrClosed)
+	case err == nil || isEOF(err):
+		c.fail(peerClosed(err))
+	default:
+		c.fail(fmt.Errorf("ipc: socket: %w", err))
+	}
+}
+
+// Read32 reads the 32-bit register at off in BAR bar.
+func (c *Client) Read32(bar int, off uint64) (uint32, error) {
+	if err := checkMMIO(bar, off); err != nil {
+		return ^uint32(0), fmt.Errorf("ipc: read32: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req := request{kind: kindRead32, bar: uint16(bar), off: off, seq: c.seq}
+	var rsp response
+	if err := c.roundTrip(&req, &rsp); err != nil {
+		return ^uint32(0), err
+	}
+	return rsp.value, nil
+}
+
+// Write32 writes v to the 32-bit register at off in BAR bar. The write is
+// posted: it returns once queued, blocking only while the request ring (or
+// socket buffer) is full.
+func (c *Client) Write32(bar int, off uint64, v uint32) error {
+	if err := checkMMIO(bar, off); err != nil {
+		return fmt.Errorf("ipc: write32: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req := request{kind: kindWrite32, bar: uint16(bar), off: off, value: v, seq: c.seq}
+	return c.send(&req)
+}
+
+// Call performs the generic call op with up to MaxCallArgs arguments and
+// waits for its result.
+func (c *Client) Call(op uint16, args ...uint64) (CallResult, error) {
+	if len(args) > MaxCallArgs {
+		return CallResult{}, fmt.Errorf("ipc: call %d: %d arguments, at most %d", op, len(args), MaxCallArgs)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req := request{kind: kindCall, op: op, nargs: len(args), seq: c.seq}
+	copy(req.args[:], args)
+	var rsp response
+	if err := c.roundTrip(&req, &rsp); err != nil {
+		return CallResult{}, err
+	}
+	return CallResult{Status: int32(rsp.value), Result: rsp.result}, nil
+}
+
+// roundTrip sends req and receives its response; c.mu is held.
+func (c *Client) roundTrip(req *request, rsp *response) error {
+	if err := c.send(req); err != nil {
+		return err
+	}
+	if err := c.recv(rsp); err != nil {
+		return err
+	}
+	want := uint16(kindRead32Reply)
+	if req.kind == kindCall {
+		want = kindCallReply
+	}
+	if rsp.kind != want || rsp.seq != req.seq {
+		return c.fail(violationf("got %s seq %d, want %s seq %d", kindName(rsp.kind), rsp.seq, kindName(want), req.seq))
+	}
+	return nil
+}
+
+func (c *Client) send(req *request) error {
+	if c.dead.Load() {
+		return c.Err()
+	}
+	if c.transport == TransportSocket {
+		encodeRequest(c.out[:], req)
+		if _, err := c.conn.Write(c.out[:]); err != nil {
+			return c.fail(c.byeAfter(err))
+		}
+		return nil
+	}
+	r := c.ring
+	n := r.l.reqN
+	for c.reqProd-c.reqCons >= n {
+		cons := atomic.LoadUint32(r.reqCons)
+		if c.reqProd-cons > n {
+			return c.fail(violationf("request ring: server consumer index %d is ahead of producer index %d", cons, c.reqProd))
+		}
+		c.reqCons = cons
+		if c.reqProd-cons < n {
+			break
+		}
+		waitFor(r.clientWait, waitReqSpace, c.spin, func() bool {
+			return c.dead.Load() || atomic.LoadUint32(r.reqCons) != cons
+		})
+		if c.dead.Load() {
+			return c.Err()
+		}
+	}
+	encodeRequest(r.reqSlot(c.reqProd), req)
+	c.reqProd++
+	atomic.StoreUint32(r.reqProd, c.reqProd)
+	wakeOn(r.serverWait, waitReq)
+	return nil
+}
+
+func (c *Client) recv(rsp *response) error {
+	if c.transport == TransportSocket {
+		return c.recvSocket(rsp)
+	}
+	r := c.ring
+	waitFor(r.clientWait, waitRsp, c.spin, func() bool {
+		return c.dead.Load() || atomic.LoadUint32(r.rspProd) != c.rspCons
+	})
+	prod := atomic.LoadUint32(r.rspProd)
+	if prod == c.rspCons {
+		return c.Err()
+	}
+	if prod-c.rspCons > r.l.rspN {
+		return c.fail(violationf("response ring: producer index %d is %d entries past consumer %d", prod, prod-c.rspCons, c.rspCons))
+	}
+	var ent [EntrySize]byte
+	copy(ent[:], r.rspSlot(c.rspCons))
+	c.rspCons++
+	atomic.StoreUint32(r.rspCons, c.rspCons)
+	wakeOn(r.serverWait, waitRspSpace)
+	if err := decodeResponse(ent[:], rsp); err != nil {
+		return c.fail(violationf("%v", err))
+	}
+	return nil
+}
+
+func (c *Client) recvSocket(rsp *response) error {
+	n, err := c.conn.Read(c.in[:])
+	if err != nil && errors.Is(err, syscall.ECONNRESET) {
+		// The reset is reported before queued data; a Bye may follow.
+		c.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		n, err = c.conn.Read(c.in[:])
+	}
+	if err != nil {
+		if c.dead.Load() {
+			return c.Err()
+		}
+		if isEOF(err) {
+			return c.fail(peerClosed(err))
+		}
+		return c.fail(fmt.Errorf("ipc: reading response: %w", err))
+	}
+	b := c.in[:n]
+	switch {
+	case n == 0:
+		return c.fail(peerClosed(nil))
+	case peekType(b) == msgBye:
+		reason, derr := decodeReason(b, msgBye)
+		if derr != nil {
+			return c.fail(violationf("%v", derr))
+		}
+		return c.fail(&ByeError{Reason: reason})
+	case n != EntrySize:
+		return c.fail(violationf("%d-byte response frame, want %d", n, EntrySize))
+	}
+	if err := decodeResponse(b, rsp); err != nil {
+		return c.fail(violationf("%v", err))
+	}
+	return nil
+}
+
+// byeAfter turns a socket write error into the server's Bye reason when one
+// is waiting to be read.
+func (c *Client) byeAfter(werr error) error {
+	if c.dead.Load() {
+		return c.Err()
+	}
+	c.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	for i := 0; i < 2; i++ {
+		n, err := c.conn.Read(c.in[:])
+		if err == nil && n > 0 && peekType(c.in[:n]) == msgBye {
+			if reason, derr := decodeReason(c.in[:n], msgBye); derr == nil {
+				return &ByeError{Reason: reason}
+			}
+		}
+		if err == nil || !errors.Is(err, syscall.ECONNRESET) {
+			break
+		}
+	}
+	if isEOF(werr) {
+		return peerClosed(werr)
+	}
+	return fmt.Errorf("ipc: sending request: %w", werr)
+}
+
+// Close closes the connection; the server's Serve then returns. Calls in
+// progress return ErrClosed.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.fail(ErrClosed)
+		c.conn.Close()
+		if c.watchDone != nil {
+			<-c.watchDone
+		}
+		c.mu.Lock()
+		c.ring.unmap()
+		c.ring = nil
+		c.mu.Unlock()
+	})
+	return nil
+}

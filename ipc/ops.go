@@ -1,0 +1,26 @@
+package ipc
+
+// Call operations the aggregator serves (the op argument of Client.Call).
+const (
+	// OpCounters returns a group of the vGPU's counters: args [group];
+	// result words are counters group*MaxCallResults ... in the order of the
+	// aggregator's CounterNames. Status 0, or -1 for a group past the end.
+	OpCounters uint16 = 1
+)
+
+// Welcome parameters the aggregator sets (Welcome.Params keys).
+const (
+	// ParamBAR1Size and ParamBAR3Size are the usable sizes, in bytes, of the
+	// VM's BAR1 and BAR3 aperture slices (decimal).
+	ParamBAR1Size = "bar1_size"
+	ParamBAR3Size = "bar3_size"
+	// ParamRemap is "1" when BAR remap is on: the extra files of the Welcome
+	// are then the remap table and the VM's VRAM slice, in that order.
+	ParamRemap = "remap"
+	// ParamMMIOReadNs and ParamMMIOWriteNs are what one access to a
+	// passed-through aperture page costs on the physical bus (nanoseconds,
+	// decimal): remap removes the trap, not the bus transaction, so a device
+	// model in front of a timed (simulated) board charges them itself.
+	ParamMMIOReadNs  = "mmio_read_ns"
+	ParamMMIOWriteNs = "mmio_write_ns"
+)
