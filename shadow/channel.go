@@ -1,0 +1,273 @@
+package shadow
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// MaxGPFIFOLog2Entries bounds the GPFIFO ring size (log2 of its entry count)
+// a shadow RAMIN may declare. nouveau's Fermi channels use 2^10 entries; the
+// bound keeps a guest from declaring a ring of 2^31 entries that the
+// aggregator would have to reason about (GP_GET/GP_PUT checks, inspection).
+// Larger values are clamped.
+const MaxGPFIFOLog2Entries = 20
+
+// ErrInvalidChannel is wrapped by errors that leave a shadow channel invalid:
+// the aggregator must not enable (or must stop) the physical channel.
+var ErrInvalidChannel = errors.New("invalid channel instance block")
+
+// RAMINField describes a RAMIN field the shadow channel does not copy
+// verbatim.
+type RAMINField struct {
+	Offset uint32 // byte offset in the instance block
+	Size   uint32 // bytes
+	Name   string
+	// Treatment says what the shadow RAMIN holds there.
+	Treatment string
+}
+
+// RAMINFields lists the RAMIN fields a shadow channel rewrites; every other
+// byte of the guest block is copied as is (the board interprets no other
+// field; on real hardware the remaining fields are engine state or GPU
+// virtual addresses in the channel's own, shadowed, address space).
+func RAMINFields() []RAMINField {
+	return []RAMINField{
+		{nvc0.RAMINUserLo, 8, "user area (doorbell page) VRAM address",
+			"translated into the slice (whole page must be inside); if outside, the channel is invalid and the field points at the slice base"},
+		{nvc0.RAMINGPFIFOLo, 4, "GPFIFO ring VA bits 31:0",
+			"kept: a GPU virtual address, translated by the shadow page tables"},
+		{nvc0.RAMINGPFIFOHi, 4, "GPFIFO ring VA bits 39:32 and log2(entries)",
+			"re-encoded: VA bits kept, log2(entries) clamped to MaxGPFIFOLog2Entries, other bits cleared"},
+		{nvc0.RAMINPageDir, 8, "page-directory VRAM address",
+			"replaced by the shadow page directory of the guest's page directory (an empty one if the guest's is outside the slice; the channel is then invalid)"},
+		{nvc0.RAMINAddrLimit, 8, "address-space limit",
+			"kept: the shadow page directory covers the whole VA space and maps only the VM's memory"},
+	}
+}
+
+// Channel is the shadow of one guest channel instance block (RAMIN): a copy
+// in reserved VRAM whose address fields are rewritten (see RAMINFields). The
+// physical channel table and playlist only ever name shadow RAMINs. A Channel
+// is not safe for concurrent use.
+type Channel struct {
+	m           *Manager
+	guestRAMIN  uint64 // guest VRAM address
+	physRAMIN   uint64 // physical address of the guest block
+	shadowRAMIN uint64
+	space       *Space // nil while the guest page directory is invalid
+	cur         [nvc0.RAMINSize]byte
+	user        uint64 // physical user area
+	dirty       bool
+	err         error
+	closed      bool
+}
+
+// OpenChannel creates the shadow of the guest RAMIN at guest VRAM address
+// guestRAMIN and mirrors it (Refresh). It fails only if the RAMIN is not
+// inside the slice or shadow memory is short; a block whose contents are
+// invalid yields a channel with Err() != nil, since a guest may fill its
+// RAMIN after naming it.
+func (m *Manager) OpenChannel(guestRAMIN uint64) (*Channel, error) {
+	phys, ok := m.tr.VRAMAddr(guestRAMIN, nvc0.RAMINSize)
+	if !ok {
+		return nil, fmt.Errorf("shadow channel: RAMIN at guest %#x: %w", guestRAMIN, ErrOutsideSlice)
+	}
+	sh, err := m.alloc.Alloc(nvc0.RAMINSize, nvc0.RAMINSize)
+	if err != nil {
+		return nil, fmt.Errorf("shadow channel: allocate RAMIN: %w", err)
+	}
+	c := &Channel{m: m, guestRAMIN: guestRAMIN, physRAMIN: phys, shadowRAMIN: sh}
+	if err := c.write(); err != nil { // the shadow starts as a copy of c.cur (zero)
+		return nil, errors.Join(fmt.Errorf("shadow channel: %w", err), m.alloc.Free(sh))
+	}
+	m.channels[c] = struct{}{}
+	if err := c.Refresh(); err != nil && !errors.Is(err, ErrInvalidChannel) {
+		return nil, errors.Join(err, c.Close())
+	}
+	return c, nil
+}
+
+// GuestRAMIN returns the guest VRAM address of the guest RAMIN.
+func (c *Channel) GuestRAMIN() uint64 { return c.guestRAMIN }
+
+// ShadowRAMIN returns the physical VRAM address of the shadow RAMIN: the
+// instance the physical channel table and playlist must hold.
+func (c *Channel) ShadowRAMIN() uint64 { return c.shadowRAMIN }
+
+// Space returns the shadow space of the channel's page directory, or nil if
+// the guest's page directory is invalid.
+func (c *Channel) Space() *Space { return c.space }
+
+// UserArea returns the physical VRAM address of the channel's user area.
+func (c *Channel) UserArea() uint64 { return c.user }
+
+// Err returns why the channel is invalid, or nil.
+func (c *Channel) Err() error { return c.err }
+
+// Valid reports whether the last Refresh found the guest RAMIN valid.
+func (c *Channel) Valid() bool { return c.err == nil }
+
+// Dirty reports whether the guest RAMIN was written since the last Refresh.
+func (c *Channel) Dirty() bool { return c.dirty }
+
+// holds reports whether guestAddr's page holds part of the guest RAMIN.
+func (c *Channel) holds(guestAddr uint64) bool {
+	p := guestAddr >> nvc0.PageShift
+	return p >= c.guestRAMIN>>nvc0.PageShift && p <= (c.guestRAMIN+nvc0.RAMINSize-1)>>nvc0.PageShift
+}
+
+// NoteWrite records a guest write to [guestAddr, guestAddr+n) of its VRAM
+// and reports whether it touched the guest RAMIN (the channel is then due
+// for a Refresh).
+func (c *Channel) NoteWrite(guestAddr, n uint64) bool {
+	if n == 0 {
+		return false
+	}
+	end := guestAddr + n
+	if end < guestAddr {
+		end = ^uint64(0)
+	}
+	if guestAddr < c.guestRAMIN+nvc0.RAMINSize && c.guestRAMIN < end {
+		c.dirty = true
+		return true
+	}
+	return false
+}
+
+// Refresh re-mirrors the guest RAMIN into the shadow RAMIN: it copies the
+// block, binds the shadow space of the guest's page directory (acquiring a
+// new one and releasing the old if it changed; the space is not scanned
+// here), translates the user area and bounds the GPFIFO size, and writes the
+// shadow block if it changed. An error wrapping ErrInvalidChannel leaves a
+// safe shadow (empty page directory, user area at the slice base) that the
+// aggregator must not activate.
+func (c *Channel) Refresh() error {
+	if c.closed {
+		return errors.New("shadow channel: refresh after close")
+	}
+	c.m.counters.ChannelRefreshes++
+	var blk [nvc0.RAMINSize]byte
+	if err := c.m.mem.ReadVRAM(blk[:], c.physRAMIN); err != nil {
+		return fmt.Errorf("shadow channel (guest RAMIN %#x): read: %w", c.guestRAMIN, err)
+	}
+	var invalid []error
+
+	// Page directory. The old space is released only once the new shadow
+	// block is written, so the shadow RAMIN never names freed memory.
+	gpd := binary.LittleEndian.Uint64(blk[nvc0.RAMINPageDir:])
+	old, sp := c.space, c.space
+	if old == nil || old.GuestPD() != gpd {
+		var err error
+		if sp, err = c.m.Acquire(gpd); err != nil {
+			if !errors.Is(err, ErrOutsideSlice) {
+				return fmt.Errorf("shadow channel (guest RAMIN %#x): %w", c.guestRAMIN, err)
+			}
+			invalid = append(invalid, err)
+		}
+	}
+	undo := func() {
+		if sp != nil && sp != old {
+			_ = c.m.Release(sp) // just acquired: dropping our reference cannot fail
+		}
+	}
+	var pd uint64
+	if sp != nil {
+		pd = sp.ShadowPD()
+	} else {
+		var err error
+		if pd, err = c.m.emptyShadowPD(); err != nil {
+			return fmt.Errorf("shadow channel (guest RAMIN %#x): %w", c.guestRAMIN, err)
+		}
+	}
+	binary.LittleEndian.PutUint64(blk[nvc0.RAMINPageDir:], pd)
+
+	// User area.
+	gu := uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserHi:]))<<32 | uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserLo:]))
+	user, ok := c.m.tr.VRAMAddr(gu, nvc0.UserAreaSize)
+	if !ok {
+		invalid = append(invalid, fmt.Errorf("user area at guest %#x: %w", gu, ErrOutsideSlice))
+		user, _ = c.m.tr.VRAMAddr(0, nvc0.UserAreaSize)
+	}
+	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserLo:], uint32(user))
+	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserHi:], uint32(user>>32))
+	c.user = user
+
+	// GPFIFO: the VA is kept, the size bounded.
+	va, entries := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOLo:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOHi:]))
+	log2 := uint(bits.TrailingZeros32(entries))
+	binary.LittleEndian.PutUint32(blk[nvc0.RAMINGPFIFOHi:], nvc0.GPFIFOHiEncode(va, min(log2, MaxGPFIFOLog2Entries)))
+
+	if blk != c.cur {
+		prev := c.cur
+		c.cur = blk
+		if err := c.write(); err != nil {
+			c.cur = prev
+			undo()
+			c.err = fmt.Errorf("shadow channel (guest RAMIN %#x): %w: %w", c.guestRAMIN, ErrInvalidChannel, err)
+			return c.err
+		}
+	}
+	c.space = sp
+	if old != nil && old != sp {
+		if err := c.m.Release(old); err != nil {
+			return fmt.Errorf("shadow channel (guest RAMIN %#x): %w", c.guestRAMIN, err)
+		}
+	}
+	c.dirty = false
+	c.err = nil
+	if len(invalid) > 0 {
+		c.err = fmt.Errorf("shadow channel (guest RAMIN %#x): %w: %w", c.guestRAMIN, ErrInvalidChannel, errors.Join(invalid...))
+	}
+	return c.err
+}
+
+// write stores c.cur in the shadow RAMIN.
+func (c *Channel) write() error {
+	if err := c.m.mem.WriteVRAM(c.cur[:], c.shadowRAMIN); err != nil {
+		return fmt.Errorf("write shadow RAMIN at %#x: %w", c.shadowRAMIN, err)
+	}
+	return nil
+}
+
+// Activate prepares the channel for use by the GPU (call it on a doorbell or
+// a context bind: GPUvm's lazy shadowing): it refreshes the shadow RAMIN if
+// the guest wrote it, then brings the shadow page tables up to date with an
+// incremental scan. The aggregator must flush the TLB for Space().ShadowPD()
+// if the returned stats report a change.
+func (c *Channel) Activate() (Stats, error) {
+	if c.dirty {
+		if err := c.Refresh(); err != nil {
+			return Stats{}, err
+		}
+	}
+	if c.err != nil {
+		return Stats{}, c.err
+	}
+	return c.space.SyncIncremental()
+}
+
+// Close releases the channel's space and frees the shadow RAMIN. The
+// physical channel must no longer name it. Close is idempotent.
+func (c *Channel) Close() error {
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	delete(c.m.channels, c)
+	var errs []error
+	if c.space != nil {
+		errs = append(errs, c.m.Release(c.space))
+		c.space = nil
+	}
+	if err := c.m.alloc.Free(c.shadowRAMIN); err != nil {
+		errs = append(errs, fmt.Errorf("free shadow RAMIN at %#x: %w", c.shadowRAMIN, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("shadow channel (guest RAMIN %#x): close: %w", c.guestRAMIN, err)
+	}
+	return nil
+}

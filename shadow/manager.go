@@ -1,0 +1,268 @@
+package shadow
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// ErrQuota is wrapped by allocation errors when a VM's shadows would exceed
+// Config.MaxShadowBytes.
+var ErrQuota = errors.New("shadow memory quota exceeded")
+
+// Counters are cumulative shadowing counters of a Space or of a Manager (all
+// its spaces, including released ones, and its channels).
+type Counters struct {
+	FullScans        uint64
+	IncrementalScans uint64
+	PDEsScanned      uint64
+	PTEsScanned      uint64
+	PTEsDropped      uint64
+	PDEsDropped      uint64
+	TablesBuilt      uint64
+	EntriesWritten   uint64
+	BytesWritten     uint64
+	ShadowTime       time.Duration // time spent scanning
+
+	// Manager only.
+	WritesNoted      uint64 // NoteWrite calls that hit a watched page
+	SpacesCreated    uint64
+	SpacesFreed      uint64
+	ChannelRefreshes uint64
+}
+
+func (c *Counters) add(st Stats) {
+	switch st.Kind {
+	case ScanFull:
+		c.FullScans++
+	case ScanIncremental:
+		c.IncrementalScans++
+	}
+	c.PDEsScanned += uint64(st.PDEs)
+	c.PTEsScanned += uint64(st.PTEsScanned)
+	c.PTEsDropped += uint64(st.PTEsDropped)
+	c.PDEsDropped += uint64(st.PDEsDropped)
+	c.TablesBuilt += uint64(st.TablesBuilt)
+	c.EntriesWritten += uint64(st.EntriesWritten)
+	c.BytesWritten += uint64(st.BytesWritten)
+	c.ShadowTime += st.Duration
+}
+
+// budget is an Allocator that bounds the bytes allocated through it.
+type budget struct {
+	a     Allocator
+	limit uint64 // 0: no bound
+	used  uint64
+	sizes map[uint64]uint64
+}
+
+func (b *budget) Alloc(size, align uint64) (uint64, error) {
+	if b.limit > 0 && (size > b.limit || b.used > b.limit-size) {
+		return 0, fmt.Errorf("allocate %#x bytes with %#x of %#x in use: %w", size, b.used, b.limit, ErrQuota)
+	}
+	addr, err := b.a.Alloc(size, align)
+	if err != nil {
+		return 0, err
+	}
+	b.sizes[addr] = size
+	b.used += size
+	return addr, nil
+}
+
+func (b *budget) Free(addr uint64) error {
+	size, ok := b.sizes[addr]
+	if !ok {
+		return fmt.Errorf("free %#x: not allocated by this VM's shadows", addr)
+	}
+	if err := b.a.Free(addr); err != nil {
+		return err
+	}
+	delete(b.sizes, addr)
+	b.used -= size
+	return nil
+}
+
+// Config configures a Manager.
+type Config struct {
+	Memory     Memory
+	Allocator  Allocator // reserved VRAM, possibly shared by all VMs
+	Translator *Translator
+	// MaxShadowBytes bounds the reserved VRAM this VM's shadow structures
+	// may hold; 0 means no bound. A guest controls how many shadow tables
+	// exist (every PDE may name the same guest table, and each gets its own
+	// 256 KiB shadow), so the aggregator should set a bound to keep one VM
+	// from exhausting the reserved region shared by all VMs.
+	MaxShadowBytes uint64
+}
+
+// Manager holds one VM's shadow spaces and shadow channels. Channels with the
+// same guest page directory share one Space (reference counted). A Manager is
+// not safe for concurrent use: the aggregator serves each VM from one
+// goroutine.
+type Manager struct {
+	mem      Memory
+	alloc    *budget
+	tr       *Translator
+	spaces   map[uint64]*Space // guest PD address -> space
+	channels map[*Channel]struct{}
+	emptyPD  uint64 // a cleared shadow PD for channels without a valid one
+	hasEmpty bool
+	counters Counters // scan counters arrive through Space.sink
+}
+
+// NewManager returns an empty Manager.
+func NewManager(c Config) (*Manager, error) {
+	if c.Memory == nil || c.Allocator == nil || c.Translator == nil {
+		return nil, errors.New("shadow manager: Memory, Allocator and Translator are required")
+	}
+	return &Manager{
+		mem:      c.Memory,
+		alloc:    &budget{a: c.Allocator, limit: c.MaxShadowBytes, sizes: make(map[uint64]uint64)},
+		tr:       c.Translator,
+		spaces:   make(map[uint64]*Space),
+		channels: make(map[*Channel]struct{}),
+	}, nil
+}
+
+// Translator returns the VM's translator.
+func (m *Manager) Translator() *Translator { return m.tr }
+
+// Acquire returns the shared Space of the guest page directory at guest VRAM
+// address guestPD, creating it (unsynced) on first use, and takes a
+// reference. Every Acquire must be paired with a Release.
+func (m *Manager) Acquire(guestPD uint64) (*Space, error) {
+	if s, ok := m.spaces[guestPD]; ok {
+		s.refs++
+		return s, nil
+	}
+	s, err := NewSpace(m.mem, m.alloc, m.tr, guestPD)
+	if err != nil {
+		return nil, fmt.Errorf("shadow manager: %w", err)
+	}
+	s.sink = &m.counters
+	s.refs = 1
+	m.spaces[guestPD] = s
+	m.counters.SpacesCreated++
+	return s, nil
+}
+
+// Release drops a reference taken by Acquire; the last one closes the space
+// and frees its shadow memory.
+func (m *Manager) Release(s *Space) error {
+	if s == nil || m.spaces[s.guestPD] != s {
+		return errors.New("shadow manager: release of a space this manager does not hold")
+	}
+	s.refs--
+	if s.refs > 0 {
+		return nil
+	}
+	delete(m.spaces, s.guestPD)
+	m.counters.SpacesFreed++
+	return s.Close()
+}
+
+// Space returns the space of a guest page directory, if one is held.
+func (m *Manager) Space(guestPD uint64) (*Space, bool) {
+	s, ok := m.spaces[guestPD]
+	return s, ok
+}
+
+// NumSpaces returns the number of live spaces.
+func (m *Manager) NumSpaces() int { return len(m.spaces) }
+
+// NoteWrite records a guest write to [guestAddr, guestAddr+n) of its VRAM in
+// every space whose tables live there and every channel whose RAMIN does. It
+// reports whether a watched page was hit (the write touched a sensitive page).
+func (m *Manager) NoteWrite(guestAddr, n uint64) bool {
+	hit := false
+	for _, s := range m.spaces {
+		if s.NoteWrite(guestAddr, n) {
+			hit = true
+		}
+	}
+	for c := range m.channels {
+		if c.NoteWrite(guestAddr, n) {
+			hit = true
+		}
+	}
+	if hit {
+		m.counters.WritesNoted++
+	}
+	return hit
+}
+
+// MarkAllDirty makes every space's next incremental scan a full one and every
+// channel's RAMIN due for a refresh: the GPU, or a remapped aperture, may have
+// written guest VRAM without a trap.
+func (m *Manager) MarkAllDirty() {
+	for _, s := range m.spaces {
+		s.MarkAllDirty()
+	}
+	for c := range m.channels {
+		c.dirty = true
+	}
+}
+
+// IsSensitive reports whether the guest VRAM page holding guestAddr holds a
+// guest page directory, a mirrored guest page table or a guest RAMIN; such
+// pages must stay trapped (not BAR-remapped).
+func (m *Manager) IsSensitive(guestAddr uint64) bool {
+	for _, s := range m.spaces {
+		if s.Watches(guestAddr) {
+			return true
+		}
+	}
+	for c := range m.channels {
+		if c.holds(guestAddr) {
+			return true
+		}
+	}
+	return false
+}
+
+// Counters returns the VM's cumulative counters.
+func (m *Manager) Counters() Counters { return m.counters }
+
+// ShadowBytes returns the reserved VRAM the VM's shadows hold.
+func (m *Manager) ShadowBytes() uint64 { return m.alloc.used }
+
+// emptyShadowPD returns a cleared shadow page directory (maps nothing), for
+// channels whose guest page directory is invalid.
+func (m *Manager) emptyShadowPD() (uint64, error) {
+	if m.hasEmpty {
+		return m.emptyPD, nil
+	}
+	pd, err := m.alloc.Alloc(nvc0.PageDirSize, nvc0.PageSize)
+	if err != nil {
+		return 0, fmt.Errorf("allocate empty page directory: %w", err)
+	}
+	if err := m.mem.WriteVRAM(make([]byte, nvc0.PageDirSize), pd); err != nil {
+		return 0, errors.Join(fmt.Errorf("clear empty page directory: %w", err), m.alloc.Free(pd))
+	}
+	m.emptyPD, m.hasEmpty = pd, true
+	return pd, nil
+}
+
+// Close closes every channel and space still held and frees all shadow
+// memory. The GPU must no longer use any of it.
+func (m *Manager) Close() error {
+	var errs []error
+	for c := range m.channels {
+		errs = append(errs, c.Close())
+	}
+	for pd, s := range m.spaces {
+		delete(m.spaces, pd)
+		m.counters.SpacesFreed++
+		errs = append(errs, s.Close())
+	}
+	if m.hasEmpty {
+		errs = append(errs, m.alloc.Free(m.emptyPD))
+		m.hasEmpty = false
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("shadow manager: close: %w", err)
+	}
+	return nil
+}
