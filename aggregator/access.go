@@ -1,0 +1,79 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// ErrDetached is returned for accesses to a vGPU that was torn down.
+var ErrDetached = errors.New("vGPU detached")
+
+// barSize is the size of each BAR a guest may address; 0 for none.
+func barSize(bar int) uint64 {
+	switch bar {
+	case nvc0.BAR0:
+		return nvc0.BAR0Size
+	case nvc0.BAR1:
+		return nvc0.BAR1Size
+	case nvc0.BAR3:
+		return nvc0.BAR3Size
+	case nvc0.BAR5:
+		return nvc0.BAR5Size
+	}
+	return 0
+}
+
+// checkAccess rejects what no device model may send: an unknown BAR, an
+// offset outside it, an unaligned offset. The transport validates too; this
+// is the aggregator's own line.
+func checkAccess(bar int, off uint64) error {
+	size := barSize(bar)
+	if size == 0 || off >= size || off%4 != 0 {
+		return fmt.Errorf("access to BAR%d offset %#x: outside the device", bar, off)
+	}
+	return nil
+}
+
+// Read32 handles a trapped guest read forwarded by the VM's device model. An
+// error means the device model misbehaved or the vGPU is gone: the caller
+// drops the connection.
+func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
+	if err := checkAccess(bar, off); err != nil {
+		return 0, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead {
+		return 0, ErrDetached
+	}
+	v.ctr.reads[bar].Add(1)
+	switch bar {
+	case nvc0.BAR0:
+		return v.bar0Read(uint32(off)), nil
+	case nvc0.BAR1, nvc0.BAR3:
+		return v.apertureRead(bar, off), nil
+	}
+	return 0, nil // BAR5: the I/O stub
+}
+
+// Write32 handles a trapped guest write.
+func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
+	if err := checkAccess(bar, off); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead {
+		return ErrDetached
+	}
+	v.ctr.writes[bar].Add(1)
+	switch bar {
+	case nvc0.BAR0:
+		v.bar0Write(uint32(off), val)
+	case nvc0.BAR1, nvc0.BAR3:
+		v.apertureWrite(bar, off, val)
+	}
+	return nil
+}

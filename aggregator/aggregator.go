@@ -1,0 +1,133 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gpuvm/gpuvm/config"
+)
+
+// Options configure an Aggregator.
+type Options struct {
+	Partition config.PartitionConfig
+	MaxVMs    int
+	Channels  int           // the board's channel count
+	Timeout   time.Duration // longest physical register wait; default 5 s
+	// BusReadNs and BusWriteNs are the physical cost of one BAR access, which
+	// device models charge for passed-through (remapped) pages: remap removes
+	// the trap, not the bus transaction. 0 for a real board, where the bus
+	// charges itself.
+	BusReadNs, BusWriteNs int64
+	Logger                *slog.Logger
+}
+
+// ErrNoSlot is returned when every VM slot is taken.
+var ErrNoSlot = errors.New("every vGPU slot is in use")
+
+// Aggregator owns the physical GPU and the vGPUs.
+type Aggregator struct {
+	gpu          HostGPU
+	layout       Layout
+	phys         *physical
+	log          *slog.Logger
+	shadowBudget uint64
+	regs         regTable
+	opts         Options
+
+	mu    sync.Mutex
+	vgpus []*VGPU // by slot; nil = free
+}
+
+// New takes ownership of the physical GPU: it partitions it and brings up the
+// aggregator's own BAR tables, poll area and playlists.
+func New(g HostGPU, opts Options) (*Aggregator, error) {
+	if opts.Timeout == 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	layout, err := NewLayout(opts.Partition, opts.MaxVMs, g.VRAMSize(), opts.Channels)
+	if err != nil {
+		return nil, err
+	}
+	phys, err := newPhysical(g, layout, opts.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
+	// Each VM may hold an equal share of what the aggregator's own
+	// structures leave of the reserve.
+	budget := phys.reserve.FreeBytes() / uint64(opts.MaxVMs)
+	return &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots))}, nil
+}
+
+// Layout returns how the board is partitioned.
+func (a *Aggregator) Layout() Layout { return a.layout }
+
+// Attach gives a guest a vGPU in the first free slot. ramFile is the guest's
+// RAM (a sealed memfd of ramSize bytes).
+func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, error) {
+	a.mu.Lock()
+	slot := -1
+	for i, v := range a.vgpus {
+		if v == nil {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		a.mu.Unlock()
+		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, ErrNoSlot)
+	}
+	a.vgpus[slot] = &VGPU{} // hold the slot while building
+	a.mu.Unlock()
+	v, err := a.attach(a.layout.Slots[slot], g, ramFile, ramSize)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		a.vgpus[slot] = nil
+		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
+	}
+	a.vgpus[slot] = v
+	v.log.Info("vGPU attached", "mode", g.Mode, "vram_mib", v.Slot.VRAM.Size>>20, "channels", v.Slot.Chans)
+	return v, nil
+}
+
+// Detach tears a vGPU down (channels killed, VRAM scrubbed) and frees its slot.
+func (a *Aggregator) Detach(v *VGPU) error {
+	err := v.teardown()
+	a.mu.Lock()
+	if a.vgpus[v.ID] == v {
+		a.vgpus[v.ID] = nil
+	}
+	a.mu.Unlock()
+	v.log.Info("vGPU detached", "err", err)
+	return err
+}
+
+// VGPUs returns the attached vGPUs.
+func (a *Aggregator) VGPUs() []*VGPU {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*VGPU
+	for _, v := range a.vgpus {
+		if v != nil && v.shadows != nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Close detaches every vGPU.
+func (a *Aggregator) Close() error {
+	var errs []error
+	for _, v := range a.VGPUs() {
+		errs = append(errs, a.Detach(v))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,88 @@
+package aggregator
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// VGPUInfo is one vGPU as the control API reports it.
+type VGPUInfo struct {
+	ID        int               `json:"id"`
+	DomID     uint32            `json:"domid"`
+	Name      string            `json:"name"`
+	Mode      string            `json:"mode"`
+	VRAMBase  uint64            `json:"vram_base"`
+	VRAMBytes uint64            `json:"vram_bytes"`
+	ChanBase  int               `json:"channel_base"`
+	Channels  int               `json:"channels"`
+	Counters  map[string]uint64 `json:"counters"`
+}
+
+// Info describes a vGPU.
+func (v *VGPU) Info() VGPUInfo {
+	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode,
+		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
+		Counters: v.Counters().Map()}
+}
+
+// ControlHandler serves the control API:
+//
+//	GET    /v1/vgpus       every attached vGPU with its counters
+//	GET    /v1/vgpus/{id}  one vGPU
+//	DELETE /v1/vgpus/{id}  tear a vGPU down (its VM loses the GPU)
+//	GET    /v1/layout      how the board is partitioned
+func (a *Aggregator) ControlHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/vgpus", func(w http.ResponseWriter, r *http.Request) {
+		infos := []VGPUInfo{}
+		for _, v := range a.VGPUs() {
+			infos = append(infos, v.Info())
+		}
+		writeJSON(w, http.StatusOK, infos)
+	})
+	mux.HandleFunc("GET /v1/vgpus/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if v := a.lookup(r.PathValue("id")); v != nil {
+			writeJSON(w, http.StatusOK, v.Info())
+			return
+		}
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
+	})
+	mux.HandleFunc("DELETE /v1/vgpus/{id}", func(w http.ResponseWriter, r *http.Request) {
+		v := a.lookup(r.PathValue("id"))
+		if v == nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
+			return
+		}
+		if err := a.Detach(v); err != nil {
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"destroyed": strconv.Itoa(v.ID)})
+	})
+	mux.HandleFunc("GET /v1/layout", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.layout)
+	})
+	return mux
+}
+
+func (a *Aggregator) lookup(id string) *VGPU {
+	n, err := strconv.Atoi(id)
+	if err != nil {
+		return nil
+	}
+	for _, v := range a.VGPUs() {
+		if v.ID == n {
+			return v
+		}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

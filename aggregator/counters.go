@@ -1,0 +1,68 @@
+package aggregator
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Counters are one vGPU's event counts. The JSON names are those of
+// `gpuvm bench --json` and of the control API.
+type Counters struct {
+	BAR0Reads, BAR0Writes uint64
+	BAR1Reads, BAR1Writes uint64
+	BAR3Reads, BAR3Writes uint64
+	Denied                uint64 // accesses to registers or addresses the VM may not touch, dropped
+	TLBFlushes            uint64 // guest TLB flushes trapped
+	Scans                 uint64 // shadow page-table scans (full + incremental)
+	IncrementalScans      uint64
+	PTEsScanned           uint64
+	ShadowNs              uint64 // time spent building shadows
+	Doorbells             uint64
+	RemappedPages         uint64 // aperture pages currently passed through
+}
+
+// Map returns the counters under their report names.
+func (c Counters) Map() map[string]uint64 {
+	return map[string]uint64{
+		"bar0_reads": c.BAR0Reads, "bar0_writes": c.BAR0Writes,
+		"bar1_reads": c.BAR1Reads, "bar1_writes": c.BAR1Writes,
+		"bar3_reads": c.BAR3Reads, "bar3_writes": c.BAR3Writes,
+		"denied": c.Denied, "tlb_flushes": c.TLBFlushes, "scans": c.Scans,
+		"incremental_scans": c.IncrementalScans, "ptes_scanned": c.PTEsScanned,
+		"shadow_ns": c.ShadowNs, "doorbells": c.Doorbells, "remapped_pages": c.RemappedPages,
+	}
+}
+
+// CounterNames lists the monotonic counters in a fixed order (the IPC
+// counters call returns them in this order; a benchmark reports their
+// per-run deltas).
+func CounterNames() []string {
+	return []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes",
+		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells"}
+}
+
+// counters is the live, atomically updated form.
+type counters struct {
+	reads, writes [6]atomic.Uint64
+	denied        atomic.Uint64
+	tlbFlushes    atomic.Uint64
+	doorbells     atomic.Uint64
+}
+
+func (v *VGPU) snapshot() Counters {
+	c := &v.ctr
+	sh := v.shadows.Counters()
+	return Counters{
+		BAR0Reads: c.reads[0].Load(), BAR0Writes: c.writes[0].Load(),
+		BAR1Reads: c.reads[1].Load(), BAR1Writes: c.writes[1].Load(),
+		BAR3Reads: c.reads[3].Load(), BAR3Writes: c.writes[3].Load(),
+		Denied:           c.denied.Load(),
+		TLBFlushes:       c.tlbFlushes.Load(),
+		Scans:            sh.FullScans + sh.IncrementalScans + v.barScans,
+		IncrementalScans: sh.IncrementalScans,
+		PTEsScanned:      sh.PTEsScanned + v.barPTEs,
+		ShadowNs:         uint64((sh.ShadowTime + v.barShadowTime) / time.Nanosecond),
+		Doorbells:        c.doorbells.Load(),
+		RemappedPages:    uint64(v.remappedPages()),
+	}
+}

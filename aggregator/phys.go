@@ -1,0 +1,191 @@
+package aggregator
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/hwseq"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/rangealloc"
+)
+
+// physBAR is one of the physical BAR address spaces the aggregator owns:
+// RAMIN, page directory and the one small-page table covering the aperture.
+type physBAR struct {
+	ramin, pd, pt uint64
+}
+
+// physical is the aggregator acting as the host driver of the board: its own
+// structures live in the reserved VRAM, written host-side; register sequences
+// that involve several registers run under one lock.
+type physical struct {
+	gpu     HostGPU
+	layout  Layout
+	reserve *rangealloc.Allocator // reserved VRAM: BAR tables, playlists, shadows
+	timeout time.Duration
+
+	bar1, bar3 physBAR
+	playlist   [2]uint64
+
+	mu     sync.Mutex // serialises multi-register sequences and the fields below
+	plCur  int
+	active map[int]bool // physical channels on the playlist
+}
+
+func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) {
+	p := &physical{gpu: g, layout: l, timeout: timeout, reserve: rangealloc.New(l.Reserved.Base, l.Reserved.Size), active: map[int]bool{}}
+	if err := g.ScrubVRAM(l.Reserved.Base, l.Reserved.Size); err != nil {
+		return nil, fmt.Errorf("scrub reserved VRAM: %w", err)
+	}
+	var err error
+	if p.bar3, err = p.newBAR(nvc0.BAR3Size); err != nil {
+		return nil, fmt.Errorf("BAR3: %w", err)
+	}
+	if p.bar1, err = p.newBAR(nvc0.BAR1Size); err != nil {
+		return nil, fmt.Errorf("BAR1: %w", err)
+	}
+	for i := range p.playlist {
+		if p.playlist[i], err = p.alloc(nvc0.PageSize); err != nil {
+			return nil, fmt.Errorf("playlist: %w", err)
+		}
+	}
+	g.Write32(nvc0.BAR0, nvc0.RegPMCEnable, 0xFFFFFFFF)
+	g.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(p.bar3.ramin, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
+	g.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(p.bar1.ramin, nvc0.BARInstValid))
+	g.Write32(nvc0.BAR0, nvc0.RegPollArea, nvc0.PollAreaEnable|uint32(l.PollArea.Base>>nvc0.PageShift))
+	if err := p.flush(p.bar3.pd, true); err != nil {
+		return nil, err
+	}
+	if err := p.flush(p.bar1.pd, true); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// alloc takes zeroed, page-aligned reserved VRAM (the reserve was scrubbed at
+// start and every free scrubs).
+func (p *physical) alloc(size uint64) (uint64, error) {
+	return p.reserve.Alloc(size, nvc0.PageSize)
+}
+
+func (p *physical) free(addr uint64) error {
+	size, ok := p.reserve.SizeOf(addr)
+	if !ok {
+		return fmt.Errorf("free reserved %#x: not allocated", addr)
+	}
+	if err := p.gpu.ScrubVRAM(addr, size); err != nil {
+		return err
+	}
+	return p.reserve.Free(addr)
+}
+
+func (p *physical) newBAR(size uint64) (physBAR, error) {
+	var b physBAR
+	var err error
+	if b.ramin, err = p.alloc(nvc0.RAMINSize); err != nil {
+		return b, err
+	}
+	if b.pd, err = p.alloc(nvc0.PageDirSize); err != nil {
+		return b, err
+	}
+	if b.pt, err = p.alloc(nvc0.SmallPTSize); err != nil {
+		return b, err
+	}
+	w0, w1 := nvc0.PDE{SmallPresent: true, SmallAddr: b.pt}.Encode()
+	if err := p.write32s(b.pd, w0, w1); err != nil {
+		return b, err
+	}
+	if err := p.write64(b.ramin+nvc0.RAMINPageDir, b.pd); err != nil {
+		return b, err
+	}
+	return b, p.write64(b.ramin+nvc0.RAMINAddrLimit, size-1)
+}
+
+func (p *physical) write32s(addr uint64, ws ...uint32) error {
+	buf := make([]byte, 4*len(ws))
+	for i, w := range ws {
+		binary.LittleEndian.PutUint32(buf[4*i:], w)
+	}
+	return p.gpu.WriteVRAM(buf, addr)
+}
+
+func (p *physical) write64(addr, v uint64) error {
+	return p.write32s(addr, uint32(v), uint32(v>>32))
+}
+
+func (p *physical) read32(addr uint64) (uint32, error) {
+	var b [4]byte
+	err := p.gpu.ReadVRAM(b[:], addr)
+	return binary.LittleEndian.Uint32(b[:]), err
+}
+
+// setBARPTEs writes consecutive physical BAR page-table entries starting at
+// aperture offset va (the caller flushes).
+func (p *physical) setBARPTEs(bar *physBAR, va uint64, ptes []nvc0.PTE) error {
+	buf := make([]byte, len(ptes)*nvc0.PTESize)
+	for i, e := range ptes {
+		lo, hi := e.Encode()
+		binary.LittleEndian.PutUint32(buf[i*nvc0.PTESize:], lo)
+		binary.LittleEndian.PutUint32(buf[i*nvc0.PTESize+4:], hi)
+	}
+	return p.gpu.WriteVRAM(buf, bar.pt+nvc0.SmallPTEIndex(va)*nvc0.PTESize)
+}
+
+// flush runs a physical TLB flush.
+func (p *physical) flush(pd uint64, bar bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return hwseq.FlushTLB(p.gpu, pd, bar, p.timeout)
+}
+
+// setActive puts physical channels on or off the playlist and resubmits it
+// (double-buffered, as a host driver does).
+func (p *physical) setActive(chans map[int]bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ch, on := range chans {
+		if on {
+			p.active[ch] = true
+		} else {
+			delete(p.active, ch)
+		}
+	}
+	ids := make([]int, 0, len(p.active))
+	for ch := range p.active {
+		ids = append(ids, ch)
+	}
+	slices.Sort(ids)
+	pl := p.playlist[p.plCur]
+	p.plCur ^= 1
+	buf := make([]byte, len(ids)*nvc0.PlaylistEntrySize)
+	for i, ch := range ids {
+		binary.LittleEndian.PutUint32(buf[i*nvc0.PlaylistEntrySize:], uint32(ch))
+		binary.LittleEndian.PutUint32(buf[i*nvc0.PlaylistEntrySize+4:], 0x4)
+	}
+	if err := p.gpu.WriteVRAM(buf, pl); err != nil {
+		return err
+	}
+	return hwseq.SubmitPlaylist(p.gpu, pl, len(ids), p.timeout)
+}
+
+// fecsBind binds a (shadow) instance block's context.
+func (p *physical) fecsBind(ramin uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return hwseq.FECSBind(p.gpu, ramin, p.timeout)
+}
+
+// kill kills a physical channel.
+func (p *physical) kill(ch int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return hwseq.KillChannel(p.gpu, ch, p.timeout)
+}
+
+// doorbell writes GP_PUT of physical channel ch through the physical poll area.
+func (p *physical) doorbell(ch int, put uint32) {
+	p.gpu.Write32(nvc0.BAR1, p.layout.PollArea.Base+uint64(ch)*nvc0.UserAreaSize+nvc0.UserGPPut, put)
+}

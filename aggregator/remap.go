@@ -1,0 +1,136 @@
+package aggregator
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// RemapValid marks a remap-table entry whose page is passed through.
+const RemapValid = 1
+
+// remapTable is BAR remap's contract with the device model: shared memory
+// holding one little-endian u64 per aperture page of the VM's BAR1 slice,
+// then one per page of its BAR3 slice. Zero means the page traps; otherwise
+// the entry is the page's offset in the VM's VRAM slice | RemapValid, and the
+// device model reads and writes it directly in its mapping of the slice. The
+// aggregator creates and seals the memory; the device model maps it read-only.
+//
+// Revocation is not synchronous: an access the device model began under an
+// entry just cleared may still land in the page. That is harmless for
+// isolation — the page is inside the VM's own slice and every shadow entry
+// is validated when built — and for consistency the aggregator rescans fully
+// (MarkAllDirty) after revoking a page that became sensitive.
+type remapTable struct {
+	file    *os.File
+	mem     []byte
+	bar1    int // pages of BAR1 entries (first)
+	entries int
+}
+
+func newRemapTable(slot Slot) (*remapTable, error) {
+	n1, n3 := int(slot.BAR1.Size/nvc0.PageSize), int(slot.BAR3.Size/nvc0.PageSize)
+	size := (n1 + n3) * 8
+	size = (size + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)
+	fd, err := unix.MemfdCreate("gpuvm-remap", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("remap table: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "gpuvm-remap")
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("remap table: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("remap table: seal: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("remap table: %w", err)
+	}
+	return &remapTable{file: f, mem: mem, bar1: n1, entries: n1 + n3}, nil
+}
+
+func (r *remapTable) slot(i int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[i*8])) }
+
+func (r *remapTable) get(i int) uint64    { return atomic.LoadUint64(r.slot(i)) }
+func (r *remapTable) set(i int, e uint64) { atomic.StoreUint64(r.slot(i), e) }
+
+func (r *remapTable) close() error {
+	err := unix.Munmap(r.mem)
+	if cerr := r.file.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// RemapFile returns the shared remap table to pass to the device model, or
+// nil when the vGPU does not remap.
+func (v *VGPU) RemapFile() *os.File {
+	if v.remap == nil {
+		return nil
+	}
+	return v.remap.file
+}
+
+// updateRemap recomputes which aperture pages may be passed through: those
+// that map guest VRAM that is neither a RAMIN nor a page directory or page
+// table (of a channel space or of a BAR), and, in BAR1, are not in the
+// guest's poll area (doorbells must trap).
+func (v *VGPU) updateRemap() {
+	r := v.remap
+	if r == nil {
+		return
+	}
+	revoked := false
+	for bi, b := range v.bars {
+		base := 0
+		if bi == 1 {
+			base = r.bar1
+		}
+		for i, g := range b.guest {
+			var e uint64
+			if g != noGuestPage && !v.sensitive(g) && !(bi == 0 && v.inPollArea(uint64(i)*nvc0.PageSize)) {
+				e = g&^(nvc0.PageSize-1) | RemapValid
+			}
+			if old := r.get(base + i); old != e {
+				if old != 0 && e == 0 {
+					revoked = true
+				}
+				r.set(base+i, e)
+			}
+		}
+	}
+	if revoked && v.feat.Incremental {
+		v.shadows.MarkAllDirty()
+	}
+}
+
+func (v *VGPU) sensitive(g uint64) bool {
+	return v.shadows.IsSensitive(g) || v.bars[0].sensitive(g) || v.bars[1].sensitive(g)
+}
+
+func (v *VGPU) inPollArea(off uint64) bool {
+	return v.pollOn && off+nvc0.PageSize > v.pollBase && off < v.pollBase+uint64(len(v.chans))*nvc0.UserAreaSize
+}
+
+// remappedPages counts the entries currently passed through.
+func (v *VGPU) remappedPages() int {
+	if v.remap == nil {
+		return 0
+	}
+	n := 0
+	for i := range v.remap.entries {
+		if v.remap.get(i) != 0 {
+			n++
+		}
+	}
+	return n
+}

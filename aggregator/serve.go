@@ -1,0 +1,135 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// Call handles a device model's generic call (ipc.Op*).
+func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
+	var r ipc.CallResult
+	switch op {
+	case ipc.OpCounters:
+		if len(args) != 1 {
+			return r, fmt.Errorf("counters call with %d arguments", len(args))
+		}
+		names, all := CounterNames(), v.Counters().Map()
+		g := args[0]
+		if g >= uint64(len(names)+ipc.MaxCallResults-1)/ipc.MaxCallResults {
+			r.Status = -1
+			return r, nil
+		}
+		for i := range ipc.MaxCallResults {
+			if k := int(g)*ipc.MaxCallResults + i; k < len(names) {
+				r.Result[i] = all[names[k]]
+			}
+		}
+		return r, nil
+	}
+	v.ctr.denied.Add(1)
+	r.Status = -1 // unknown op: refused, not fatal
+	return r, nil
+}
+
+// Serve accepts device models on ln until ctx is done. Each accepted VM gets
+// a vGPU for as long as its connection lasts; when the device model goes away
+// (or breaks the protocol) its vGPU is torn down. Serve returns when ctx is
+// done, after every connection ended.
+func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ipc.ErrClosed) {
+				return err
+			}
+			a.log.Warn("device model refused at handshake", "err", err)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.serveVM(ctx, p)
+		}()
+	}
+}
+
+// serveVM attaches one VM, serves it, and detaches it.
+func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
+	h := p.Hello()
+	log := a.log.With("domid", h.DomID, "name", h.Name, "pid", p.Peer().PID)
+	if !IsFVMode(h.Mode) {
+		log.Warn("refused", "mode", h.Mode)
+		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, FVModes()))
+		return
+	}
+	v, err := a.Attach(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}, p.RAM(), h.RAMSize)
+	if err != nil {
+		log.Warn("refused", "err", err)
+		_ = p.Reject(err.Error())
+		return
+	}
+	w := ipc.Welcome{
+		VGPU: uint32(v.ID), VRAMSize: v.Slot.VRAM.Size, Channels: uint32(v.Slot.Chans),
+		Params: map[string]string{
+			ipc.ParamBAR1Size: strconv.FormatUint(v.Slot.BAR1.Size, 10),
+			ipc.ParamBAR3Size: strconv.FormatUint(v.Slot.BAR3.Size, 10),
+		},
+	}
+	var extra []*os.File
+	if v.remap != nil {
+		slice, err := a.sliceFile(v.Slot)
+		if err != nil {
+			log.Error("remap unavailable", "err", err)
+			_ = p.Reject("internal error: " + err.Error())
+			_ = a.Detach(v)
+			return
+		}
+		defer slice.Close()
+		w.Params[ipc.ParamRemap] = "1"
+		w.Params[ipc.ParamMMIOReadNs] = strconv.FormatInt(a.opts.BusReadNs, 10)
+		w.Params[ipc.ParamMMIOWriteNs] = strconv.FormatInt(a.opts.BusWriteNs, 10)
+		extra = []*os.File{v.RemapFile(), slice}
+	}
+	conn, err := p.Accept(w, extra)
+	if err != nil {
+		log.Warn("handshake failed", "err", err)
+		_ = a.Detach(v)
+		return
+	}
+	err = conn.Serve(ctx, v)
+	switch {
+	case errors.Is(err, ipc.ErrPeerClosed), ctx.Err() != nil:
+		log.Info("device model gone", "reason", err)
+	default:
+		log.Warn("connection closed", "reason", err)
+	}
+	if derr := a.Detach(v); derr != nil {
+		log.Error("teardown", "err", derr)
+	}
+	_ = conn.Close()
+}
+
+// SliceFiler is implemented by host GPUs whose VRAM slices can be handed to
+// another process (the simulated board's per-slice memfds). BAR remap needs it.
+type SliceFiler interface {
+	VRAMSegmentFile(base, size uint64) (*os.File, error)
+}
+
+func (a *Aggregator) sliceFile(s Slot) (*os.File, error) {
+	sf, ok := a.gpu.(SliceFiler)
+	if !ok {
+		return nil, errors.New("the host GPU cannot pass VRAM slices to device models")
+	}
+	return sf.VRAMSegmentFile(s.VRAM.Base, s.VRAM.Size)
+}

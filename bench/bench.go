@@ -1,0 +1,163 @@
+// Package bench runs the GPUvm evaluation's workloads on a target (natively on
+// the simulated board now; on virtual GPUs as the virtualization modes land),
+// with one warm-up and N measured runs each, and reports per-phase medians,
+// minima and maxima as a table or as JSON.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+)
+
+// Result is one (mode, workload) row of a report. Durations are nanoseconds;
+// PhasesNs and TotalNs are medians over the measured runs.
+type Result struct {
+	Mode        string           `json:"mode"`
+	Workload    string           `json:"workload"`
+	Runs        int              `json:"runs"`
+	Verified    bool             `json:"verified"`
+	Error       string           `json:"error,omitempty"`
+	PhasesNs    map[string]int64 `json:"phases_ns"`
+	PhasesMinNs map[string]int64 `json:"phases_min_ns"`
+	PhasesMaxNs map[string]int64 `json:"phases_max_ns"`
+	TotalNs     int64            `json:"total_ns"`
+	TotalMinNs  int64            `json:"total_min_ns"`
+	TotalMaxNs  int64            `json:"total_max_ns"`
+	Counters    map[string]any   `json:"counters"`
+	// VsNative is TotalNs over the native run's TotalNs of the same workload
+	// in the same report (0 when there is none); Published is GPUvm's ratio
+	// for the same mode and workload (thesis Fig. 4.8), when known.
+	VsNative  float64 `json:"vs_native,omitempty"`
+	Published float64 `json:"gpuvm_vs_native,omitempty"`
+}
+
+// BoardInfo describes the physical (simulated) board a report was made on.
+type BoardInfo struct {
+	Name       string         `json:"name"`
+	Kind       string         `json:"kind"`
+	VRAMBytes  uint64         `json:"vram_bytes"`
+	Channels   int            `json:"channels"`
+	Timing     string         `json:"timing"`
+	TimingInfo map[string]any `json:"timing_constants,omitempty"`
+}
+
+// Report is the whole output of a bench invocation.
+type Report struct {
+	Board   BoardInfo `json:"board"`
+	Warmup  int       `json:"warmup"`
+	Results []Result  `json:"results"`
+}
+
+// Normalize fills VsNative and Published of every result from the native
+// results of the same report.
+func (r *Report) Normalize() {
+	native := map[string]int64{}
+	for _, res := range r.Results {
+		if res.Mode == "native" && res.Verified {
+			native[res.Workload] = res.TotalNs
+		}
+	}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if n := native[res.Workload]; n > 0 && res.Verified {
+			res.VsNative = float64(res.TotalNs) / float64(n)
+		}
+		res.Published, _ = PublishedRatio(res.Mode, res.Workload)
+	}
+}
+
+// Verified reports whether every result verified.
+func (r Report) Verified() bool {
+	for _, res := range r.Results {
+		if !res.Verified {
+			return false
+		}
+	}
+	return len(r.Results) > 0
+}
+
+// Progress receives one call before each run (run 0 is the warm-up).
+type Progress func(mode, workload string, run, runs int)
+
+// CounterSource snapshots a target's counters (monotonic totals).
+type CounterSource func() map[string]uint64
+
+// RunWorkload runs w once to warm up and then runs times on dev, and folds the
+// measured runs into a Result. counters, if not nil, is sampled around the
+// measured runs and reported per run.
+func RunWorkload(ctx context.Context, mode string, dev *nouveau.Device, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
+	res := Result{Mode: mode, Workload: w.Name(), Runs: runs, Counters: map[string]any{}}
+	if progress == nil {
+		progress = func(string, string, int, int) {}
+	}
+	progress(mode, w.Name(), 0, runs)
+	if _, err := w.Run(dev); err != nil {
+		res.Error = fmt.Sprintf("warm-up: %v", err)
+		return res
+	}
+	var before map[string]uint64
+	if counters != nil {
+		before = counters()
+	}
+	var all []workloads.Phases
+	for i := 1; i <= runs; i++ {
+		if err := ctx.Err(); err != nil {
+			res.Error = err.Error()
+			return res
+		}
+		progress(mode, w.Name(), i, runs)
+		ph, err := w.Run(dev)
+		if err != nil {
+			res.Error = fmt.Sprintf("run %d: %v", i, err)
+			if errors.Is(err, workloads.ErrVerify) {
+				res.Error = fmt.Sprintf("run %d: verification failed: %v", i, err)
+			}
+			return res
+		}
+		all = append(all, ph)
+	}
+	if counters != nil {
+		after := counters()
+		for k, v := range after {
+			res.Counters[k] = (v - before[k]) / uint64(max(runs, 1))
+		}
+	}
+	res.Verified = true
+	summarize(&res, all)
+	return res
+}
+
+func summarize(res *Result, all []workloads.Phases) {
+	res.PhasesNs, res.PhasesMinNs, res.PhasesMaxNs = map[string]int64{}, map[string]int64{}, map[string]int64{}
+	for _, name := range workloads.PhaseNames() {
+		ds := make([]time.Duration, len(all))
+		for i, ph := range all {
+			ds[i] = ph.Get(name)
+		}
+		res.PhasesNs[name] = int64(workloads.Median(ds))
+		res.PhasesMinNs[name], res.PhasesMaxNs[name] = minMax(ds)
+	}
+	totals := make([]time.Duration, len(all))
+	for i, ph := range all {
+		totals[i] = ph.Total()
+	}
+	res.TotalNs = int64(workloads.Median(totals))
+	res.TotalMinNs, res.TotalMaxNs = minMax(totals)
+}
+
+func minMax(ds []time.Duration) (lo, hi int64) {
+	for i, d := range ds {
+		if i == 0 || int64(d) < lo {
+			lo = int64(d)
+		}
+		if int64(d) > hi {
+			hi = int64(d)
+		}
+	}
+	return lo, hi
+}

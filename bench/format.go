@@ -1,0 +1,95 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+)
+
+// WriteJSON writes the report as one indented JSON object.
+func WriteJSON(w io.Writer, r Report) error { return WriteJSONValue(w, r) }
+
+// WriteJSONValue writes any value as indented JSON.
+func WriteJSONValue(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes the report as a readable table: per workload, one row per
+// phase with the median, minimum and maximum, and the total.
+func WriteTable(w io.Writer, r Report) error {
+	fmt.Fprintf(w, "board: %s (%s), %s VRAM, %d channels, timing %s\n", r.Board.Name, r.Board.Kind,
+		formatBytes(r.Board.VRAMBytes), r.Board.Channels, r.Board.Timing)
+	if len(r.Results) > 0 {
+		fmt.Fprintf(w, "runs: %d measured after %d warm-up; times are median [min – max]\n\n", r.Results[0].Runs, r.Warmup)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tWORKLOAD\tRESULT\tPHASE\tMEDIAN\tMIN\tMAX\t×NATIVE\tGPUVM ×NATIVE\t")
+	for _, res := range r.Results {
+		status := "verified"
+		if !res.Verified {
+			status = "FAILED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t", res.Mode, res.Workload, status)
+		if res.Error != "" {
+			fmt.Fprintf(tw, "(see below)\t\t\t\t\t\t\n")
+			continue
+		}
+		for i, ph := range workloads.PhaseNames() {
+			if i > 0 {
+				fmt.Fprint(tw, "\t\t\t")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\t\t\n", ph, FormatDuration(res.PhasesNs[ph]), FormatDuration(res.PhasesMinNs[ph]), FormatDuration(res.PhasesMaxNs[ph]))
+		}
+		fmt.Fprintf(tw, "\t\t\ttotal\t%s\t%s\t%s\t%s\t%s\t\n", FormatDuration(res.TotalNs), FormatDuration(res.TotalMinNs), FormatDuration(res.TotalMaxNs),
+			ratio(res.VsNative), ratio(res.Published))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	for _, res := range r.Results {
+		if res.Error != "" {
+			fmt.Fprintf(w, "\n%s %s failed: %s\n", res.Mode, res.Workload, res.Error)
+		}
+	}
+	return nil
+}
+
+func ratio(r float64) string {
+	if r == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", r)
+}
+
+// FormatDuration prints nanoseconds with three significant digits and a unit.
+func FormatDuration(ns int64) string {
+	d := time.Duration(ns)
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%d ns", ns)
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.3g µs", float64(ns)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.3g ms", float64(ns)/1e6)
+	}
+	return fmt.Sprintf("%.3g s", float64(ns)/1e9)
+}
+
+func formatBytes(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,50 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+)
+
+// RunGuest is the VM process of a virtualized benchmark: it connects a
+// device model to the aggregator, opens the guest driver on the virtual GPU
+// and runs the workloads, taking the vGPU's counters from the aggregator
+// around the measured runs.
+func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (results []Result, err error) {
+	dev, err := devmodel.Connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, dev.Close()) }()
+	bar1, bar3 := dev.BARSizes()
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
+	}
+	defer func() { err = errors.Join(err, drv.Close()) }()
+	names2 := aggregator.CounterNames()
+	counters := func() map[string]uint64 {
+		c, err := dev.Counters(names2)
+		if err != nil {
+			return map[string]uint64{}
+		}
+		return c
+	}
+	for _, name := range names {
+		w, err := workloads.New(name, params)
+		if err != nil {
+			return results, err
+		}
+		res := RunWorkload(ctx, cfg.Mode, drv, w, runs, counters, progress)
+		if res.Error != "" && dev.Err() != nil {
+			res.Error += fmt.Sprintf(" (device: %v)", dev.Err())
+		}
+		results = append(results, res)
+	}
+	return results, nil
+}

@@ -1,0 +1,23 @@
+package bench
+
+// PublishedRatio returns GPUvm's published execution time for a workload
+// under a mode, normalised to native (thesis Fig. 4.8), and whether one is
+// known. Values were read from the figure's labels; where the extracted
+// label is illegible the value is left out rather than guessed.
+func PublishedRatio(mode, workload string) (float64, bool) {
+	r, ok := published()[workload][mode]
+	return r, ok
+}
+
+func published() map[string]map[string]float64 {
+	return map[string]map[string]float64{
+		"nop":    {"fv-naive": 389.11, "fv-bar-remap": 146.58, "fv-lazy": 284.33, "fv-optimized": 52.2, "pv-naive": 25.68, "pv-multicall": 2.98, "pvdrm": 1.25, "pvdrm-pooling": 1.05},
+		"loop":   {"fv-naive": 320.76, "fv-lazy": 230.60, "fv-optimized": 50.2, "pv-naive": 30.10, "pv-multicall": 12.50, "pvdrm": 1.20, "pvdrm-pooling": 1.06},
+		"madd":   {"fv-naive": 267.76, "fv-lazy": 186.24, "fv-optimized": 37.95, "pv-naive": 17.60, "pv-multicall": 2.30, "pvdrm": 1.25, "pvdrm-pooling": 1.08},
+		"mmul":   {"fv-naive": 22.26, "fv-bar-remap": 9.45, "fv-lazy": 16.15, "fv-optimized": 3.97, "pv-naive": 2.34, "pv-multicall": 1.11, "pvdrm": 1.02, "pvdrm-pooling": 1.01},
+		"fmadd":  {"fv-naive": 272.78, "fv-lazy": 196.59, "pvdrm": 1.25},
+		"fmmul":  {"fv-naive": 262.63, "fv-lazy": 190.05, "pv-naive": 17.66, "pv-multicall": 2.32, "pvdrm": 1.25, "pvdrm-pooling": 1.08},
+		"cpy":    {"fv-bar-remap": 30.17, "fv-lazy": 68.92, "pv-naive": 7.54, "pv-multicall": 1.55, "pvdrm": 1.14, "pvdrm-pooling": 1.01},
+		"pincpy": {"fv-naive": 63.19, "fv-lazy": 7.45, "fv-optimized": 7.70, "pv-multicall": 1.48, "pvdrm-pooling": 0.97},
+	}
+}

@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// VMCommand builds the command of a VM process from the arguments of
+// `gpuvm devmodel` (the CLI re-executes its own binary).
+type VMCommand func(ctx context.Context, args []string) *exec.Cmd
+
+// VirtualOptions configure virtualized runs.
+type VirtualOptions struct {
+	Board     sim.Config
+	Partition config.PartitionConfig
+	RAMSize   uint64        // guest RAM of the VM process
+	Transport ipc.Transport // device model ↔ aggregator transport
+	Command   VMCommand
+	Logger    *slog.Logger
+}
+
+// BenchPartition is the partitioning virtualized benchmarks use: one VM with
+// room for every workload, its BAR slices as large as the apertures allow.
+func BenchPartition(vram uint64) config.PartitionConfig {
+	const reserved = 256 << 20
+	return config.PartitionConfig{
+		VRAMPerVM: config.Size(min(vram-reserved, 2<<30) &^ (1<<20 - 1)), ChannelsPerVM: 16,
+		BAR1PerVM: 64 << 20, BAR3PerVM: 16 << 20, Reserved: reserved,
+	}
+}
+
+// RunVirtualized runs workloads in mode: a fresh simulated board and
+// aggregator in this process, serving one VM process (device model, guest
+// driver and workloads) over the real IPC protocol. The VM process's stderr
+// (progress) is passed through.
+func RunVirtualized(ctx context.Context, mode string, names []string, runs int, params workloads.Params, opts VirtualOptions) ([]Result, error) {
+	layout, err := aggregator.NewLayout(opts.Partition, 1, opts.Board.VRAMSize, opts.Board.Channels)
+	if err != nil {
+		return nil, err
+	}
+	boardCfg := opts.Board
+	boardCfg.VRAMSegments = layout.Segments(boardCfg.VRAMSize) // the VM's slice can be remapped into it
+	board, err := sim.New(boardCfg)
+	if err != nil {
+		return nil, err
+	}
+	defer board.Close()
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	agg, err := aggregator.New(board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Channels: opts.Board.Channels, Logger: log,
+		BusReadNs: opts.Board.Timing.MMIOReadNs, BusWriteNs: opts.Board.Timing.MMIOWriteNs})
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "gpuvm-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "aggregator.sock")
+	ln, err := ipc.Listen(sock, nil)
+	if err != nil {
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- agg.Serve(sctx, ln) }()
+	defer func() {
+		stop()
+		<-served
+		ln.Close()
+		agg.Close()
+	}()
+
+	args := []string{"devmodel", "--socket", sock, "--mode", mode, "--domid", "1", "--name", "bench-vm",
+		"--workloads", strings.Join(names, ","), "--runs", strconv.Itoa(runs), "--json",
+		"--matrix-dim", strconv.Itoa(params.MatrixDim), "--loop-iterations", strconv.FormatUint(params.LoopIterations, 10),
+		"--copy-size", strconv.FormatUint(params.CopyBytes, 10), "--ram", strconv.FormatUint(opts.RAMSize, 10),
+		"--transport", opts.Transport.String()}
+	cmd := opts.Command(ctx, args)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	runErr := cmd.Run()
+	var results []Result
+	if err := json.Unmarshal(out.Bytes(), &results); err != nil {
+		return nil, errors.Join(fmt.Errorf("%s VM process: %w", mode, runErr), fmt.Errorf("its output is not a result list: %w", err))
+	}
+	return results, nil
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/bench"
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+func devmodelCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "devmodel",
+		Usage: "run a VM's device model with the guest driver and workloads on its virtual GPU",
+		Description: "Connects a device model to the aggregator (`gpuvm serve`) as Xen domain --domid,\n" +
+			"creating the guest's RAM and handing it over, then runs the guest driver and the given\n" +
+			"workloads on the virtual GPU, verifying each result. This is the VM process of the\n" +
+			"benchmark harness and a standalone check that an aggregator serves VMs correctly.\n" +
+			"Closing it (or killing it) makes the aggregator tear the vGPU down.",
+		Flags: []cli.Flag{
+			&cli.PathFlag{Name: "socket", Required: true, Usage: "the aggregator's device-model socket"},
+			&cli.UintFlag{Name: "domid", Value: 1, Usage: "Xen domain id of the VM"},
+			&cli.StringFlag{Name: "name", Value: "guest", Usage: "domain name"},
+			&cli.StringFlag{Name: "mode", Value: "fv-optimized", Usage: "virtualization mode: " + strings.Join(aggregator.FVModes(), ", ")},
+			&cli.StringFlag{Name: "ram", Value: "512MiB", Usage: "guest RAM size"},
+			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "MMIO transport to the aggregator: shm (shared-memory rings) or socket"},
+			&cli.StringFlag{Name: "workloads", Aliases: []string{"w"}, Value: "nop", Usage: "comma-separated workloads, or all"},
+			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Value: 1, Usage: "measured runs per workload (after one warm-up run)"},
+			&cli.BoolFlag{Name: "json", Usage: "print the results as a JSON list"},
+			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices"},
+			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
+			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
+		},
+		Action: runDevmodel,
+	}
+}
+
+func runDevmodel(c *cli.Context) error {
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	names, err := workloads.Parse(c.String("workloads"))
+	if err != nil {
+		return usageError("--workloads: %v", err)
+	}
+	ram, err := parseSize(c.String("ram"))
+	if err != nil {
+		return usageError("--ram: %v", err)
+	}
+	copySize, err := parseSize(c.String("copy-size"))
+	if err != nil {
+		return usageError("--copy-size: %v", err)
+	}
+	transport, err := parseTransport(c.String("transport"))
+	if err != nil {
+		return err
+	}
+	if c.Int("runs") < 1 {
+		return usageError("--runs %d: want at least 1", c.Int("runs"))
+	}
+	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
+		Mode: c.String("mode"), RAMSize: ram, Transport: transport, Logger: log}
+	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+	progress := newProgress(c.App.ErrWriter)
+	results, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)
+	progress.done()
+	if c.Bool("json") {
+		if results == nil {
+			results = []bench.Result{}
+		}
+		if jerr := writeJSONList(c, results); jerr != nil {
+			return jerr
+		}
+	} else if len(results) > 0 {
+		if terr := bench.WriteTable(c.App.Writer, bench.Report{Board: bench.BoardInfo{Name: "virtual GPU", Kind: "vgpu " + cfg.Mode}, Warmup: 1, Results: results}); terr != nil {
+			return terr
+		}
+	}
+	if err != nil {
+		return &exitError{code: exitFailure, err: err}
+	}
+	for _, r := range results {
+		if !r.Verified {
+			return &exitError{code: exitFailure, err: errors.New("some results failed or did not verify")}
+		}
+	}
+	return nil
+}
+
+func writeJSONList(c *cli.Context, results []bench.Result) error {
+	return bench.WriteJSONValue(c.App.Writer, results)
+}
+
+func parseTransport(s string) (ipc.Transport, error) {
+	switch s {
+	case "shm":
+		return ipc.TransportShm, nil
+	case "socket":
+		return ipc.TransportSocket, nil
+	}
+	return 0, usageError("--transport %q: want shm or socket", s)
+}

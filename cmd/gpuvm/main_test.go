@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestMain lets the bench re-execute this test binary as gpuvm (its VM
+// processes), as the real binary re-executes itself.
+func TestMain(m *testing.M) {
+	if os.Getenv(reexecEnv) == "1" {
+		os.Exit(run(os.Args))
+	}
+	os.Exit(m.Run())
+}
+
+func runApp(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	app := newApp()
+	app.Writer, app.ErrWriter = &out, &errOut
+	err = app.RunContext(context.Background(), append([]string{"gpuvm"}, args...))
+	return out.String(), errOut.String(), err
+}
+
+// TestBenchJSONAllWorkloads is the issue's acceptance command at test sizes:
+// every workload reports verified with the documented JSON shape.
+func TestBenchJSONAllWorkloads(t *testing.T) {
+	out, stderr, err := runApp(t, "bench", "--mode", "native", "--workloads", "all", "--runs", "2",
+		"--timing", "none", "--json", "--matrix-dim", "48", "--loop-iterations", "1000", "--copy-size", "5MiB", "--vram", "768MiB")
+	if err != nil {
+		t.Fatalf("bench: %v\nstderr:\n%s", err, stderr)
+	}
+	var rep struct {
+		Board   map[string]any `json:"board"`
+		Results []struct {
+			Mode, Workload string
+			Runs           int
+			Verified       bool
+			PhasesNs       map[string]int64 `json:"phases_ns"`
+			TotalNs        int64            `json:"total_ns"`
+			Counters       map[string]any   `json:"counters"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	if rep.Board["kind"] != "sim" || rep.Board["timing"] != "none" {
+		t.Errorf("board = %v", rep.Board)
+	}
+	want := []string{"nop", "loop", "madd", "mmul", "fmadd", "fmmul", "cpy", "pincpy"}
+	if len(rep.Results) != len(want) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(want))
+	}
+	for i, r := range rep.Results {
+		if r.Workload != want[i] || r.Mode != "native" || r.Runs != 2 || !r.Verified {
+			t.Errorf("result %d = %+v", i, r)
+		}
+		for _, ph := range []string{"init", "htod", "launch", "dtoh", "close"} {
+			if _, ok := r.PhasesNs[ph]; !ok {
+				t.Errorf("%s: phase %s missing", r.Workload, ph)
+			}
+		}
+		if r.TotalNs <= 0 || r.Counters == nil {
+			t.Errorf("%s: total %d counters %v", r.Workload, r.TotalNs, r.Counters)
+		}
+	}
+	if !strings.Contains(stderr, "bench: native madd") {
+		t.Errorf("no progress on stderr: %q", stderr)
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "--mode", "warp-drive"},
+		{"bench", "--workloads", "nop,frobnicate"},
+		{"bench", "--runs", "0"},
+		{"bench", "--timing", "slow"},
+		{"bench", "--copy-size", "12XB"},
+		{"--log-level", "loud", "bench"},
+	} {
+		_, _, err := runApp(t, args...)
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("%v: err = %v, want a usage error", args, err)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{"64MiB": 64 << 20, "6GiB": 6 << 30, "4096": 4096, "1 KiB": 1024, "7B": 7} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "99999999999999999999GiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) succeeded", in)
+		}
+	}
+}
+
+func TestBenchConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := dir + "/bad.toml"
+	if err := os.WriteFile(bad, []byte("[board]\nvram = \"1GiB\"\ntimming = \"none\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runApp(t, "bench", "--config", bad, "-w", "nop", "--runs", "1")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), "bad.toml:3:") {
+		t.Fatalf("bad config: %v", err)
+	}
+	good := dir + "/good.toml"
+	if err := os.WriteFile(good, []byte("[board]\nvram = \"768MiB\"\nmem_partitions = 3\ntiming = \"none\"\n"+
+		"[daemon]\nmax_vms = 2\n[partition]\nvram_per_vm = \"256MiB\"\nreserved = \"64MiB\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runApp(t, "bench", "--config", good, "-w", "nop", "--runs", "1", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"vram_bytes": 805306368`) || !strings.Contains(out, `"timing": "none"`) {
+		t.Errorf("config not applied:\n%s", out)
+	}
+}

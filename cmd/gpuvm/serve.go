@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "run the GPU Access Aggregator daemon",
+		Description: "Takes the physical GPU (the embedded simulated board unless the config says\n" +
+			"otherwise), partitions it as the [partition] table says, and serves device models on\n" +
+			"daemon.socket: each connecting VM gets a vGPU until its device model goes away. The\n" +
+			"control API (`gpuvm vgpu ...`) listens on daemon.control_socket. SIGINT or SIGTERM shut\n" +
+			"it down cleanly: every vGPU is torn down and every slice scrubbed.",
+		Flags: []cli.Flag{
+			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
+			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},
+			&cli.PathFlag{Name: "control-socket", Usage: "override daemon.control_socket"},
+		},
+		Action: runServe,
+	}
+}
+
+func loadConfig(c *cli.Context) (config.Config, error) {
+	cfg := config.Default()
+	if path := c.Path("config"); path != "" {
+		var err error
+		if cfg, err = config.Load(path); err != nil {
+			return cfg, usageError("%v", err)
+		}
+	}
+	if s := c.Path("socket"); s != "" {
+		cfg.Daemon.Socket = s
+	}
+	if s := c.Path("control-socket"); s != "" {
+		cfg.Daemon.ControlSocket = s
+	}
+	return cfg, nil
+}
+
+func runServe(c *cli.Context) error {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	if !c.IsSet("log-level") {
+		var lv = map[config.LogLevel]string{"debug": "debug", "info": "info", "warn": "warn", "error": "error"}[cfg.Daemon.LogLevel]
+		_ = c.Set("log-level", lv)
+		if log, err = newLogger(c); err != nil {
+			return err
+		}
+	}
+	if cfg.Board.Kind != config.BoardSim {
+		return usageError("board.kind %q: this build drives the simulated board only (real boards need the PCI back end)", cfg.Board.Kind)
+	}
+	timing, err := sim.TimingByName(string(cfg.Board.Timing))
+	if err != nil {
+		return usageError("%v", err)
+	}
+	layout, err := aggregator.NewLayout(cfg.Partition, cfg.Daemon.MaxVMs, uint64(cfg.Board.VRAM), cfg.Board.Channels)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	board, err := sim.New(sim.Config{VRAMSize: uint64(cfg.Board.VRAM), Channels: cfg.Board.Channels, MemPartitions: cfg.Board.MemPartitions,
+		Timing: timing, VRAMSegments: layout.Segments(uint64(cfg.Board.VRAM))})
+	if err != nil {
+		return err
+	}
+	defer board.Close()
+	agg, err := aggregator.New(board, aggregator.Options{Partition: cfg.Partition, MaxVMs: cfg.Daemon.MaxVMs, Channels: cfg.Board.Channels, Logger: log,
+		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs})
+	if err != nil {
+		return err
+	}
+	defer agg.Close()
+	for _, p := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+	}
+	ln, err := ipc.Listen(cfg.Daemon.Socket, nil)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	_ = os.Remove(cfg.Daemon.ControlSocket)
+	cln, err := net.Listen("unix", cfg.Daemon.ControlSocket)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(cfg.Daemon.ControlSocket, 0o600); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	srv := &http.Server{Handler: agg.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(cln) }()
+	defer srv.Close()
+	log.Info("aggregator serving", "socket", cfg.Daemon.Socket, "control", cfg.Daemon.ControlSocket,
+		"vms", cfg.Daemon.MaxVMs, "vram_per_vm", cfg.Partition.VRAMPerVM.String())
+	fmt.Fprintf(c.App.ErrWriter, "gpuvm: serving %d vGPU slots on %s (control: %s)\n", cfg.Daemon.MaxVMs, cfg.Daemon.Socket, cfg.Daemon.ControlSocket)
+	err = agg.Serve(c.Context, ln)
+	log.Info("aggregator stopping", "reason", context.Cause(c.Context))
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// controlClient talks HTTP to the control socket.
+func controlClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+func vgpuCommand() *cli.Command {
+	ctl := &cli.PathFlag{Name: "control-socket", Value: config.Default().Daemon.ControlSocket, Usage: "the aggregator's control socket"}
+	call := func(method, path string, needID bool) cli.ActionFunc {
+		return func(c *cli.Context) error {
+			url := "http://aggregator" + path
+			if needID {
+				if c.Args().Len() != 1 {
+					return usageError("which vGPU? give its id")
+				}
+				url += "/" + c.Args().First()
+			}
+			req, err := http.NewRequestWithContext(c.Context, method, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := controlClient(c.Path("control-socket")).Do(req)
+			if err != nil {
+				return fmt.Errorf("control API: %w", err)
+			}
+			defer resp.Body.Close()
+			if _, err := io.Copy(c.App.Writer, resp.Body); err != nil {
+				return err
+			}
+			if resp.StatusCode >= 300 {
+				return &exitError{code: exitFailure, err: fmt.Errorf("control API: %s", resp.Status)}
+			}
+			return nil
+		}
+	}
+	return &cli.Command{
+		Name:  "vgpu",
+		Usage: "list, inspect or destroy the aggregator's vGPUs",
+		Subcommands: []*cli.Command{
+			{Name: "list", Usage: "every vGPU with its counters (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", false)},
+			{Name: "stats", Usage: "one vGPU's counters (JSON)", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", true)},
+			{Name: "destroy", Usage: "tear a vGPU down; its VM loses the GPU", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodDelete, "/v1/vgpus", true)},
+			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
+		},
+	}
+}

@@ -1,0 +1,258 @@
+// Package devmodel is the per-VM device model: the virtual GPU as a guest
+// sees it. It presents the PCI identity and configuration space of a Quadro
+// 6000 and routes the guest's BAR accesses: trapped accesses travel to the GPU
+// Access Aggregator over the IPC protocol (package ipc); with BAR remap, the
+// aperture pages the aggregator passes through are plain memory — the VM's
+// own VRAM slice mapped into this process — and never leave it.
+//
+// The same Device serves the benchmark harness's VM processes (the guest
+// driver runs on it in-process) and `gpuvm devmodel`.
+package devmodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/spin"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// Config says how to reach the aggregator and who the VM is.
+type Config struct {
+	Socket    string
+	DomID     uint32
+	Name      string
+	Mode      string
+	RAMSize   uint64
+	Transport ipc.Transport // default shm
+	Logger    *slog.Logger
+}
+
+// Device is a VM's virtual GPU: its guest RAM, its connection to the
+// aggregator, and (with remap) its mapped aperture pages.
+type Device struct {
+	client  *ipc.Client
+	ram     *hostmem.RAM
+	welcome ipc.Welcome
+	pci     *ConfigSpace
+
+	bar1Size, bar3Size uint64
+	remap              []byte // the aggregator's remap table (read-only), nil without remap
+	slice              []byte // the VM's VRAM slice, with remap
+	bar1Pages          uint64
+	busRead, busWrite  time.Duration // charged per passed-through access
+}
+
+// Connect creates the guest RAM, connects to the aggregator and maps what
+// it passes back.
+func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
+	if cfg.Transport == 0 {
+		cfg.Transport = ipc.TransportShm
+	}
+	d = &Device{pci: NewConfigSpace()}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, d.Close())
+		}
+	}()
+	if d.ram, err = hostmem.New(fmt.Sprintf("gpuvm-dom%d-ram", cfg.DomID), cfg.RAMSize); err != nil {
+		return d, err
+	}
+	ramFile, err := d.ram.File()
+	if err != nil {
+		return d, err
+	}
+	defer ramFile.Close()
+	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: d.ram.Size(), Transport: cfg.Transport}
+	var extra []*os.File
+	d.client, d.welcome, extra, err = ipc.Dial(ctx, cfg.Socket, hello, ramFile, nil, &ipc.DialOptions{Logger: cfg.Logger})
+	if err != nil {
+		return d, fmt.Errorf("device model: %w", err)
+	}
+	defer func() {
+		for _, f := range extra {
+			f.Close()
+		}
+	}()
+	d.bar1Size, d.bar3Size = d.pageParam(ipc.ParamBAR1Size, nvc0.BAR1Size), d.pageParam(ipc.ParamBAR3Size, nvc0.BAR3Size)
+	if d.welcome.Params[ipc.ParamRemap] == "1" {
+		if err := d.mapRemap(extra); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// pageParam reads a size parameter: a positive page multiple up to max (the default).
+func (d *Device) pageParam(key string, max uint64) uint64 {
+	v, err := strconv.ParseUint(d.welcome.Params[key], 10, 64)
+	if err != nil || v == 0 || v > max || v%nvc0.PageSize != 0 {
+		return max
+	}
+	return v
+}
+
+// param reads a numeric parameter bounded by max, def when absent or bad.
+func (d *Device) param(key string, def, max uint64) uint64 {
+	v, err := strconv.ParseUint(d.welcome.Params[key], 10, 64)
+	if err != nil || v > max {
+		return def
+	}
+	return v
+}
+
+// mapRemap maps the remap table (read-only) and the VRAM slice.
+func (d *Device) mapRemap(files []*os.File) error {
+	if len(files) != 2 {
+		return fmt.Errorf("device model: remap wants 2 files, got %d", len(files))
+	}
+	size := func(f *os.File) (int, error) {
+		st, err := f.Stat()
+		if err != nil {
+			return 0, err
+		}
+		return int(st.Size()), nil
+	}
+	n, err := size(files[0])
+	if err != nil {
+		return err
+	}
+	if d.remap, err = unix.Mmap(int(files[0].Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return fmt.Errorf("map remap table: %w", err)
+	}
+	if n, err = size(files[1]); err != nil {
+		return err
+	}
+	if d.slice, err = unix.Mmap(int(files[1].Fd()), 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return fmt.Errorf("map VRAM slice: %w", err)
+	}
+	d.bar1Pages = d.bar1Size / nvc0.PageSize
+	d.busRead = time.Duration(d.param(ipc.ParamMMIOReadNs, 0, 1<<20))
+	d.busWrite = time.Duration(d.param(ipc.ParamMMIOWriteNs, 0, 1<<20))
+	if uint64(len(d.remap)) < (d.bar1Pages+d.bar3Size/nvc0.PageSize)*8 {
+		return fmt.Errorf("remap table of %d bytes too small", len(d.remap))
+	}
+	return nil
+}
+
+// remapped returns a pointer to the word behind a passed-through aperture
+// offset, or nil if the access must trap.
+func (d *Device) remapped(bar int, off uint64) *uint32 {
+	if d.remap == nil {
+		return nil
+	}
+	var idx uint64
+	switch bar {
+	case nvc0.BAR1:
+		if off >= d.bar1Size {
+			return nil
+		}
+		idx = off / nvc0.PageSize
+	case nvc0.BAR3:
+		if off >= d.bar3Size {
+			return nil
+		}
+		idx = d.bar1Pages + off/nvc0.PageSize
+	default:
+		return nil
+	}
+	e := atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.remap[idx*8])))
+	if e == 0 {
+		return nil
+	}
+	pos := e&^(nvc0.PageSize-1) + off%nvc0.PageSize
+	if pos+4 > uint64(len(d.slice)) || off%4 != 0 {
+		return nil
+	}
+	return (*uint32)(unsafe.Pointer(&d.slice[pos]))
+}
+
+// Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
+func (d *Device) Read32(bar int, off uint64) uint32 {
+	if p := d.remapped(bar, off); p != nil {
+		spin.For(d.busRead)
+		return atomic.LoadUint32(p)
+	}
+	v, err := d.client.Read32(bar, off)
+	if err != nil {
+		return 0xFFFFFFFF
+	}
+	return v
+}
+
+// Write32 is a guest write of a BAR (gpu.MMIO).
+func (d *Device) Write32(bar int, off uint64, v uint32) {
+	if p := d.remapped(bar, off); p != nil {
+		spin.For(d.busWrite)
+		atomic.StoreUint32(p, v)
+		return
+	}
+	_ = d.client.Write32(bar, off, v) // a failure is sticky: Err reports it
+}
+
+// Err reports why the device stopped working, or nil.
+func (d *Device) Err() error { return d.client.Err() }
+
+// RAM is the guest's RAM (DMA memory at guest-physical address 0).
+func (d *Device) RAM() *hostmem.RAM { return d.ram }
+
+// BARSizes are the usable BAR1 and BAR3 aperture sizes.
+func (d *Device) BARSizes() (bar1, bar3 uint64) { return d.bar1Size, d.bar3Size }
+
+// Welcome is what the aggregator said when it accepted the VM.
+func (d *Device) Welcome() ipc.Welcome { return d.welcome }
+
+// ConfigSpace is the device's PCI configuration space.
+func (d *Device) ConfigSpace() *ConfigSpace { return d.pci }
+
+// Counters asks the aggregator for the vGPU's counters (names are the
+// aggregator's CounterNames, in order).
+func (d *Device) Counters(names []string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for g := 0; g*ipc.MaxCallResults < len(names); g++ {
+		r, err := d.client.Call(ipc.OpCounters, uint64(g))
+		if err != nil {
+			return nil, fmt.Errorf("counters: %w", err)
+		}
+		if r.Status != 0 {
+			return nil, fmt.Errorf("counters group %d: status %d", g, r.Status)
+		}
+		for i, v := range r.Result {
+			if k := g*ipc.MaxCallResults + i; k < len(names) {
+				out[names[k]] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// Close disconnects (the aggregator then tears the vGPU down) and frees the RAM.
+func (d *Device) Close() error {
+	var errs []error
+	if d.client != nil {
+		errs = append(errs, d.client.Close())
+	}
+	if d.remap != nil {
+		errs = append(errs, unix.Munmap(d.remap))
+		d.remap = nil
+	}
+	if d.slice != nil {
+		errs = append(errs, unix.Munmap(d.slice))
+		d.slice = nil
+	}
+	if d.ram != nil {
+		errs = append(errs, d.ram.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,150 @@
+package devmodel
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// PCI configuration-space offsets (type 0 header).
+const (
+	pciVendorID     = 0x00
+	pciDeviceID     = 0x02
+	pciCommand      = 0x04
+	pciStatus       = 0x06
+	pciRevision     = 0x08
+	pciClassCode    = 0x09 // 3 bytes: prog-if, subclass, class
+	pciHeaderType   = 0x0E
+	pciBAR0         = 0x10
+	pciSubVendorID  = 0x2C
+	pciSubsystemID  = 0x2E
+	pciInterruptPin = 0x3D
+	pciConfigSize   = 256
+
+	pciCommandIO     = 0x1
+	pciCommandMemory = 0x2
+	pciCommandMaster = 0x4
+
+	barMem64        = 0x4 // memory BAR, 64-bit
+	barPrefetchable = 0x8
+	barIO           = 0x1
+)
+
+// barDef is one BAR of the virtual device as its config space presents it.
+type barDef struct {
+	index int
+	size  uint64
+	flags uint32 // low bits of the BAR register
+}
+
+// bars returns the device's BARs: BAR0 registers, BAR1 and BAR3 as 64-bit
+// prefetchable VRAM apertures, BAR5 the small I/O BAR.
+func bars() []barDef {
+	return []barDef{
+		{nvc0.BAR0, nvc0.BAR0Size, 0},
+		{nvc0.BAR1, nvc0.BAR1Size, barMem64 | barPrefetchable},
+		{nvc0.BAR3, nvc0.BAR3Size, barMem64 | barPrefetchable},
+		{nvc0.BAR5, nvc0.BAR5Size, barIO},
+	}
+}
+
+// ConfigSpace is the virtual GPU's PCI configuration space: identity, class,
+// command register, and BARs with the standard sizing protocol (write all
+// ones, read back the size mask). The guest's firmware places the BARs; the
+// device model routes accesses by BAR index, so placement is informational.
+// Safe for concurrent use.
+type ConfigSpace struct {
+	mu   sync.Mutex
+	regs [pciConfigSize]byte
+}
+
+// NewConfigSpace returns the config space of a Quadro 6000.
+func NewConfigSpace() *ConfigSpace {
+	c := &ConfigSpace{}
+	le := binary.LittleEndian
+	le.PutUint16(c.regs[pciVendorID:], nvc0.PCIVendorNVIDIA)
+	le.PutUint16(c.regs[pciDeviceID:], nvc0.PCIDeviceQuadro6000)
+	c.regs[pciRevision] = 0xA3
+	class := uint32(nvc0.PCIClassDisplayVGA)
+	c.regs[pciClassCode], c.regs[pciClassCode+1], c.regs[pciClassCode+2] = byte(class), byte(class>>8), byte(class>>16)
+	le.PutUint16(c.regs[pciSubVendorID:], nvc0.PCIVendorNVIDIA)
+	le.PutUint16(c.regs[pciSubsystemID:], nvc0.PCIDeviceQuadro6000)
+	c.regs[pciInterruptPin] = 1
+	for _, b := range bars() {
+		le.PutUint32(c.regs[pciBAR0+4*b.index:], b.flags)
+	}
+	return c
+}
+
+// Read returns size (1, 2 or 4) bytes at off.
+func (c *ConfigSpace) Read(off, size int) (uint32, error) {
+	if err := checkConfig(off, size); err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var v uint32
+	for i := size - 1; i >= 0; i-- {
+		v = v<<8 | uint32(c.regs[off+i])
+	}
+	return v, nil
+}
+
+// Write stores size bytes at off where the register is writable: the command
+// register's enable bits and the BAR address bits. Everything else is read-only.
+func (c *ConfigSpace) Write(off, size int, val uint32) error {
+	if err := checkConfig(off, size); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := 0; i < size; i++ {
+		c.writeByte(off+i, byte(val>>(8*i)))
+	}
+	return nil
+}
+
+func (c *ConfigSpace) writeByte(off int, b byte) {
+	switch {
+	case off == pciCommand:
+		c.regs[off] = b & (pciCommandIO | pciCommandMemory | pciCommandMaster)
+	case off >= pciBAR0 && off < pciBAR0+6*4:
+		c.writeBARByte(off, b)
+	}
+}
+
+// writeBARByte keeps the BAR's type bits and clears the address bits below
+// its size, so that writing all ones reads back the size mask.
+func (c *ConfigSpace) writeBARByte(off int, b byte) {
+	idx, byteInBAR := (off-pciBAR0)/4, (off-pciBAR0)%4
+	for _, d := range bars() {
+		var mask uint64
+		switch {
+		case d.index == idx:
+			low := uint32(0xF)
+			if d.flags&barIO != 0 {
+				low = 0x3
+			}
+			mask = ^(d.size - 1) &^ uint64(low)
+			if d.flags&barMem64 == 0 {
+				mask &= 0xFFFFFFFF
+			}
+		case d.flags&barMem64 != 0 && d.index+1 == idx:
+			mask = ^(d.size - 1) >> 32 // upper half of a 64-bit BAR
+		default:
+			continue
+		}
+		m := byte(mask >> (8 * byteInBAR))
+		c.regs[off] = c.regs[off]&^m | b&m
+		return
+	}
+}
+
+func checkConfig(off, size int) error {
+	if (size != 1 && size != 2 && size != 4) || off < 0 || off+size > pciConfigSize || off%size != 0 {
+		return fmt.Errorf("PCI config access of %d bytes at %#x: invalid", size, off)
+	}
+	return nil
+}

@@ -1,0 +1,417 @@
+// Package gdev is gpuvm's guest GPU runtime, modelled on Gdev (the runtime the
+// GPUvm evaluation used): contexts, device memory, host↔device copies through
+// a pinned staging buffer or directly from pinned host memory, small copies
+// through the BAR1 aperture, modules of built-in kernels, launches and
+// synchronisation. It runs on top of guest-driver/nouveau and so on anything
+// that offers 32-bit BAR access and DMA memory.
+package gdev
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+)
+
+// Tunables, named after what Gdev calls them.
+const (
+	// StagingChunk is the size of each of the two pinned bounce buffers that
+	// pageable copies go through (Gdev pipelines two chunks the same way).
+	StagingChunk = 4 << 20
+	// SmallCopyMax is the largest copy that goes through the BAR1 aperture with
+	// CPU writes instead of the copy engine.
+	SmallCopyMax = 4096
+	// paramSlot is the space each launch's parameter (constant) buffer takes.
+	paramSlot  = 256
+	paramSlots = 64
+	// copyPitch is the line length of copy-engine transfers (nouveau copies pages as lines).
+	copyPitch    = nvc0.PageSize
+	maxCopyLines = 8191
+)
+
+// DevPtr is a device memory allocation seen from the context: its GPU virtual address.
+type DevPtr struct {
+	VA     uint64
+	Size   uint64
+	vram   uint64
+	bar1   uint64 // BAR1 aperture offset when CPU-mapped (small buffers)
+	mapped bool
+}
+
+// HostBuf is pinned host memory mapped into the context's address space.
+type HostBuf struct {
+	Bytes []byte
+	VA    uint64
+	buf   hostmem.Buffer
+}
+
+// Context is a GPU context: an address space and a channel.
+type Context struct {
+	dev *nouveau.Device
+	vm  *nouveau.VM
+	ch  *nouveau.Channel
+
+	staging    [2]HostBuf
+	stagingSeq [2]uint32
+	code       DevPtr // code segment of the built-in module
+	params     DevPtr // ring of parameter buffers
+	paramNext  int
+	paramSeq   [paramSlots]uint32
+	allocs     map[uint64]DevPtr
+	hostAllocs map[uint64]HostBuf
+}
+
+// NewContext creates a context (address space + channel) on dev, with the
+// staging buffers, the code segment and the parameter ring it needs.
+func NewContext(dev *nouveau.Device) (ctx *Context, err error) {
+	c := &Context{dev: dev, allocs: map[uint64]DevPtr{}, hostAllocs: map[uint64]HostBuf{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(fmt.Errorf("new context: %w", err), c.Close())
+		}
+	}()
+	if c.vm, err = dev.NewVM(); err != nil {
+		return nil, err
+	}
+	if c.ch, err = dev.NewChannel(c.vm); err != nil {
+		return nil, err
+	}
+	for i := range c.staging {
+		if c.staging[i], err = c.MemAllocHost(StagingChunk); err != nil {
+			return nil, err
+		}
+	}
+	if c.code, err = c.memAlloc(nvc0.PageSize, true); err != nil {
+		return nil, err
+	}
+	if c.params, err = c.memAlloc(paramSlot*paramSlots, true); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Device returns the device the context runs on.
+func (c *Context) Device() *nouveau.Device { return c.dev }
+
+// Channel returns the context's channel.
+func (c *Context) Channel() *nouveau.Channel { return c.ch }
+
+// MemAlloc allocates device memory and maps it into the context.
+func (c *Context) MemAlloc(size uint64) (DevPtr, error) {
+	return c.memAlloc(size, size <= SmallCopyMax)
+}
+
+func (c *Context) memAlloc(size uint64, cpuMapped bool) (p DevPtr, err error) {
+	if size == 0 {
+		return DevPtr{}, fmt.Errorf("mem alloc: zero size")
+	}
+	size = (size + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)
+	p.Size = size
+	if p.vram, err = c.dev.AllocVRAM(size, nvc0.PageSize); err != nil {
+		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
+	}
+	if p.VA, err = c.vm.AllocVA(size, nvc0.PageSize); err != nil {
+		c.dev.FreeVRAM(p.vram)
+		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
+	}
+	if err = c.vm.MapVRAM(p.VA, p.vram, size); err != nil {
+		c.vm.FreeVA(p.VA)
+		c.dev.FreeVRAM(p.vram)
+		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
+	}
+	if cpuMapped {
+		if p.bar1, err = c.dev.MapBAR1(p.vram, size); err != nil {
+			return DevPtr{}, errors.Join(fmt.Errorf("mem alloc %d: %w", size, err), c.unmapFree(p))
+		}
+		p.mapped = true
+	}
+	c.allocs[p.VA] = p
+	return p, nil
+}
+
+func (c *Context) unmapFree(p DevPtr) error {
+	var errs []error
+	if p.mapped {
+		errs = append(errs, c.dev.UnmapBAR1(p.bar1))
+	}
+	errs = append(errs, c.vm.Unmap(p.VA, p.Size), c.vm.FreeVA(p.VA), c.dev.FreeVRAM(p.vram))
+	return errors.Join(errs...)
+}
+
+// MemFree frees device memory from MemAlloc.
+func (c *Context) MemFree(p DevPtr) error {
+	q, ok := c.allocs[p.VA]
+	if !ok {
+		return fmt.Errorf("mem free %#x: not allocated", p.VA)
+	}
+	delete(c.allocs, p.VA)
+	return c.unmapFree(q)
+}
+
+// MemAllocHost allocates pinned host memory mapped into the context.
+func (c *Context) MemAllocHost(size uint64) (HostBuf, error) {
+	b, err := c.dev.Host().Alloc(size)
+	if err != nil {
+		return HostBuf{}, fmt.Errorf("host alloc %d: %w", size, err)
+	}
+	va, err := c.vm.AllocVA(uint64(len(b.Bytes)), nvc0.PageSize)
+	if err == nil {
+		err = c.vm.MapHost(va, b.Bus, uint64(len(b.Bytes)))
+		if err != nil {
+			c.vm.FreeVA(va)
+		}
+	}
+	if err != nil {
+		return HostBuf{}, errors.Join(fmt.Errorf("host alloc %d: %w", size, err), c.dev.Host().Free(b))
+	}
+	h := HostBuf{Bytes: b.Bytes[:size], VA: va, buf: b}
+	c.hostAllocs[va] = h
+	return h, nil
+}
+
+// MemFreeHost frees pinned host memory from MemAllocHost.
+func (c *Context) MemFreeHost(h HostBuf) error {
+	if _, ok := c.hostAllocs[h.VA]; !ok {
+		return fmt.Errorf("host free %#x: not allocated", h.VA)
+	}
+	delete(c.hostAllocs, h.VA)
+	n := uint64(len(h.buf.Bytes))
+	return errors.Join(c.vm.Unmap(h.VA, n), c.vm.FreeVA(h.VA), c.dev.Host().Free(h.buf))
+}
+
+// copyEngine queues copy-engine transfers of n bytes from src to dst (GPU
+// virtual addresses) as page-pitched lines, as nouveau's nvc0 copy does.
+func (c *Context) copyEngine(dst, src, n uint64) error {
+	var words []uint32
+	emit := func(dst, src, lineLen, lines uint64) {
+		words = append(words,
+			nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdOffsetInHi, 8),
+			uint32(src>>32), uint32(src), uint32(dst>>32), uint32(dst),
+			copyPitch, copyPitch, uint32(lineLen), uint32(lines),
+			nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdLaunchDMA, nvc0.CopyLaunchPitch))
+	}
+	for n >= copyPitch {
+		lines := min(n/copyPitch, maxCopyLines)
+		emit(dst, src, copyPitch, lines)
+		dst, src, n = dst+lines*copyPitch, src+lines*copyPitch, n-lines*copyPitch
+	}
+	if n > 0 {
+		emit(dst, src, n, 1)
+	}
+	return c.ch.Submit(words)
+}
+
+func (c *Context) checkRange(p DevPtr, off, n uint64) error {
+	if q, ok := c.allocs[p.VA]; !ok || off+n > q.Size || off+n < off {
+		return fmt.Errorf("device range %#x+%#x [%d bytes] outside its allocation", p.VA, off, n)
+	}
+	return nil
+}
+
+// MemcpyHtoD copies pageable host memory to the device: small copies through
+// the BAR1 aperture, others through the two pinned staging buffers in turn.
+func (c *Context) MemcpyHtoD(dst DevPtr, src []byte) error {
+	n := uint64(len(src))
+	if err := c.checkRange(dst, 0, n); err != nil {
+		return fmt.Errorf("memcpy HtoD: %w", err)
+	}
+	if q := c.allocs[dst.VA]; q.mapped && n <= SmallCopyMax {
+		c.writeBAR1(q, 0, src)
+		return nil
+	}
+	for off, i := uint64(0), 0; off < n; off, i = off+StagingChunk, i^1 {
+		chunk := min(StagingChunk, n-off)
+		if err := c.ch.WaitFence(c.stagingSeq[i]); err != nil {
+			return fmt.Errorf("memcpy HtoD: %w", err)
+		}
+		copy(c.staging[i].Bytes, src[off:off+chunk])
+		if err := c.copyEngine(dst.VA+off, c.staging[i].VA, chunk); err != nil {
+			return fmt.Errorf("memcpy HtoD: %w", err)
+		}
+		seq, err := c.ch.Fence()
+		if err != nil {
+			return fmt.Errorf("memcpy HtoD: %w", err)
+		}
+		c.stagingSeq[i] = seq
+	}
+	if err := c.ch.Finish(); err != nil {
+		return fmt.Errorf("memcpy HtoD: %w", err)
+	}
+	return nil
+}
+
+// MemcpyDtoH copies device memory to pageable host memory through the staging buffers.
+func (c *Context) MemcpyDtoH(dst []byte, src DevPtr) error {
+	n := uint64(len(dst))
+	if err := c.checkRange(src, 0, n); err != nil {
+		return fmt.Errorf("memcpy DtoH: %w", err)
+	}
+	if q := c.allocs[src.VA]; q.mapped && n <= SmallCopyMax {
+		c.readBAR1(q, 0, dst)
+		return nil
+	}
+	// Pipeline: DMA chunk k+1 while the CPU copies chunk k out.
+	var prev = -1
+	var prevOff, prevLen uint64
+	for off, i := uint64(0), 0; off < n || prev >= 0; off, i = off+StagingChunk, i^1 {
+		if off < n {
+			chunk := min(StagingChunk, n-off)
+			if err := c.copyEngine(c.staging[i].VA, src.VA+off, chunk); err != nil {
+				return fmt.Errorf("memcpy DtoH: %w", err)
+			}
+			seq, err := c.ch.Fence()
+			if err != nil {
+				return fmt.Errorf("memcpy DtoH: %w", err)
+			}
+			c.stagingSeq[i] = seq
+		}
+		if prev >= 0 {
+			if err := c.ch.WaitFence(c.stagingSeq[prev]); err != nil {
+				return fmt.Errorf("memcpy DtoH: %w", err)
+			}
+			copy(dst[prevOff:prevOff+prevLen], c.staging[prev].Bytes)
+			prev = -1
+		}
+		if off < n {
+			prev, prevOff, prevLen = i, off, min(StagingChunk, n-off)
+		}
+	}
+	return nil
+}
+
+// MemcpyHtoDPinned DMAs n bytes from pinned host memory to the device.
+func (c *Context) MemcpyHtoDPinned(dst DevPtr, src HostBuf, n uint64) error {
+	if err := c.checkRange(dst, 0, n); err != nil || n > uint64(len(src.Bytes)) {
+		return fmt.Errorf("memcpy HtoD pinned: %d bytes: %w", n, errors.Join(err, errors.New("bad range")))
+	}
+	if err := c.copyEngine(dst.VA, src.VA, n); err != nil {
+		return fmt.Errorf("memcpy HtoD pinned: %w", err)
+	}
+	return c.ch.Finish()
+}
+
+// MemcpyDtoHPinned DMAs n bytes from the device to pinned host memory.
+func (c *Context) MemcpyDtoHPinned(dst HostBuf, src DevPtr, n uint64) error {
+	if err := c.checkRange(src, 0, n); err != nil || n > uint64(len(dst.Bytes)) {
+		return fmt.Errorf("memcpy DtoH pinned: %d bytes: %w", n, errors.Join(err, errors.New("bad range")))
+	}
+	if err := c.copyEngine(dst.VA, src.VA, n); err != nil {
+		return fmt.Errorf("memcpy DtoH pinned: %w", err)
+	}
+	return c.ch.Finish()
+}
+
+// writeBAR1 writes p through its BAR1 mapping with 32-bit CPU stores (memcpy_toio).
+func (c *Context) writeBAR1(p DevPtr, off uint64, src []byte) {
+	mmio := c.dev.MMIO()
+	var tail [4]byte
+	for i := uint64(0); i < uint64(len(src)); i += 4 {
+		w := src[i:]
+		if len(w) < 4 {
+			copy(tail[:], w)
+			w = tail[:]
+		}
+		mmio.Write32(nvc0.BAR1, p.bar1+off+i, binary.LittleEndian.Uint32(w))
+	}
+}
+
+// readBAR1 reads p through its BAR1 mapping with 32-bit CPU loads.
+func (c *Context) readBAR1(p DevPtr, off uint64, dst []byte) {
+	mmio := c.dev.MMIO()
+	var w [4]byte
+	for i := uint64(0); i < uint64(len(dst)); i += 4 {
+		binary.LittleEndian.PutUint32(w[:], mmio.Read32(nvc0.BAR1, p.bar1+off+i))
+		copy(dst[i:], w[:])
+	}
+}
+
+// Function is a kernel of a loaded module.
+type Function struct {
+	ID      nvc0.KernelID
+	startID uint32
+}
+
+// LoadFunction places the code object of a built-in kernel in the context's
+// code segment (through BAR1) and returns it.
+func (c *Context) LoadFunction(id nvc0.KernelID) (Function, error) {
+	if id == 0 || uint64(id)*nvc0.KernelObjectSize >= c.code.Size {
+		return Function{}, fmt.Errorf("load function: kernel id %d out of range", id)
+	}
+	start := uint32(id) * nvc0.KernelObjectSize
+	obj := make([]byte, nvc0.KernelObjectSize)
+	binary.LittleEndian.PutUint32(obj[0:], nvc0.KernelMagic)
+	binary.LittleEndian.PutUint32(obj[4:], uint32(id))
+	binary.LittleEndian.PutUint32(obj[8:], nvc0.KernelVersion)
+	c.writeBAR1(c.code, uint64(start), obj)
+	return Function{ID: id, startID: start}, nil
+}
+
+// Launch queues a kernel with its parameters (u64 words: device pointers and
+// scalars). It does not wait; Synchronize does.
+func (c *Context) Launch(f Function, params ...uint64) error {
+	if len(params)*8 > paramSlot {
+		return fmt.Errorf("launch %v: %d parameters exceed %d bytes", f.ID, len(params), paramSlot)
+	}
+	slot := c.paramNext
+	c.paramNext = (c.paramNext + 1) % paramSlots
+	if err := c.ch.WaitFence(c.paramSeq[slot]); err != nil {
+		return fmt.Errorf("launch %v: %w", f.ID, err)
+	}
+	buf := make([]byte, len(params)*8)
+	for i, p := range params {
+		binary.LittleEndian.PutUint64(buf[8*i:], p)
+	}
+	off := uint64(slot * paramSlot)
+	c.writeBAR1(c.params, off, buf)
+	cb := c.params.VA + off
+	err := c.ch.Submit([]uint32{
+		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCodeAddrHi, 2), uint32(c.code.VA >> 32), uint32(c.code.VA),
+		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCBSize, 3), uint32(len(buf)), uint32(cb >> 32), uint32(cb),
+		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdStartID, 1), f.startID,
+		nvc0.Immd(nouveau.SubcCompute, nvc0.ComputeMthdLaunch, 0),
+	})
+	if err != nil {
+		return fmt.Errorf("launch %v: %w", f.ID, err)
+	}
+	seq, err := c.ch.Fence()
+	if err != nil {
+		return fmt.Errorf("launch %v: %w", f.ID, err)
+	}
+	c.paramSeq[slot] = seq
+	return nil
+}
+
+// Synchronize waits for everything queued on the context.
+func (c *Context) Synchronize() error {
+	if err := c.ch.Finish(); err != nil {
+		return fmt.Errorf("synchronize: %w", err)
+	}
+	return nil
+}
+
+// Close frees every allocation, the channel and the address space.
+func (c *Context) Close() error {
+	var errs []error
+	if c.ch != nil {
+		errs = append(errs, c.ch.Close())
+		c.ch = nil
+	}
+	for _, p := range c.allocs {
+		errs = append(errs, c.unmapFree(p))
+	}
+	c.allocs = map[uint64]DevPtr{}
+	for _, h := range c.hostAllocs {
+		errs = append(errs, c.MemFreeHost(h))
+	}
+	if c.vm != nil {
+		errs = append(errs, c.vm.Close())
+		c.vm = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close context: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,400 @@
+package nouveau
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/hwseq"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// Subchannels the driver binds its engine classes to (a software convention).
+const (
+	SubcCompute = 1
+	SubcCopy    = 4
+)
+
+const (
+	gpfifoLog2    = 10 // 1024 GPFIFO entries, as nouveau's nvc0 channels
+	gpfifoEntries = 1 << gpfifoLog2
+	gpfifoBytes   = gpfifoEntries * nvc0.GPFIFOEntrySize
+	pushBytes     = 1 << 20 // push-buffer space after the GPFIFO ring
+)
+
+// pending is a submitted GPFIFO entry whose push-buffer space is still in use.
+type pending struct {
+	serial     uint64 // submission number (1, 2, ...)
+	start, end uint64 // push space [start, end) in bytes
+}
+
+// Channel is a GPU command channel: RAMIN, a GPFIFO ring and push-buffer space
+// in DMA memory mapped into the channel's VM, a user area (doorbell) in the
+// poll area, and a semaphore page for fences.
+type Channel struct {
+	d  *Device
+	vm *VM
+	id int
+
+	ramin   *kobj
+	ring    hostmem.Buffer // GPFIFO entries, then push-buffer space
+	ringVA  uint64
+	fence   hostmem.Buffer
+	fenceVA uint64
+
+	mu        sync.Mutex
+	put       uint32 // next GPFIFO index
+	submitted uint64
+	queue     []pending
+	head      uint64 // next free byte of push space
+	seq       uint32 // last fence sequence emitted
+	closed    bool
+}
+
+// NewChannel creates a channel in vm, enables it, puts it on the playlist, and
+// binds its compute context (FECS) and the copy engine to it.
+func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
+	d.mu.Lock()
+	id := -1
+	for i, ch := range d.chans {
+		if ch == nil {
+			id = i
+			break
+		}
+	}
+	if id < 0 || d.closed {
+		d.mu.Unlock()
+		return nil, ErrNoChannel
+	}
+	c = &Channel{d: d, vm: vm, id: id}
+	d.chans[id] = c
+	d.mu.Unlock()
+	defer func() {
+		if err != nil {
+			c.release()
+			err = fmt.Errorf("channel %d: %w", id, err)
+		}
+	}()
+
+	if c.ramin, err = d.newKobj(nvc0.RAMINSize, nvc0.PageSize); err != nil {
+		return c, fmt.Errorf("RAMIN: %w", err)
+	}
+	if c.ring, err = d.host.Alloc(gpfifoBytes + pushBytes); err != nil {
+		return c, fmt.Errorf("push buffer: %w", err)
+	}
+	if c.ringVA, err = c.mapHost(c.ring); err != nil {
+		return c, err
+	}
+	if c.fence, err = d.host.Alloc(nvc0.PageSize); err != nil {
+		return c, fmt.Errorf("fence page: %w", err)
+	}
+	if c.fenceVA, err = c.mapHost(c.fence); err != nil {
+		return c, err
+	}
+
+	user := d.userArea.addr + uint64(id)*nvc0.UserAreaSize
+	d.kwr32(c.ramin, nvc0.RAMINUserLo, uint32(user))
+	d.kwr32(c.ramin, nvc0.RAMINUserHi, uint32(user>>32))
+	d.kwr32(c.ramin, nvc0.RAMINGPFIFOLo, uint32(c.ringVA))
+	d.kwr32(c.ramin, nvc0.RAMINGPFIFOHi, nvc0.GPFIFOHiEncode(c.ringVA, gpfifoLog2))
+	d.kwr64(c.ramin, nvc0.RAMINPageDir, vm.pd.addr)
+	d.kwr64(c.ramin, nvc0.RAMINAddrLimit, nvc0.VASize-1)
+	d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), 0)
+
+	d.wr(nvc0.ChanInst(id), nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+	d.wr(nvc0.ChanCtl(id), nvc0.ChanCtlDefault)
+	if err = d.updatePlaylist(); err != nil {
+		return c, err
+	}
+	if err = d.fecsBind(c.ramin.addr); err != nil {
+		return c, err
+	}
+	d.wr(nvc0.RegCopy0InstLo, nvc0.InstEncode(c.ramin.addr, nvc0.CopyInstValid))
+	d.wr(nvc0.RegCopy0InstHi, 0)
+
+	if err = c.Submit([]uint32{
+		nvc0.Incr(SubcCompute, nvc0.MthdSetObject, 1), nvc0.ClassFermiCompute,
+		nvc0.Incr(SubcCopy, nvc0.MthdSetObject, 1), nvc0.ClassFermiCopy,
+	}); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// ID returns the channel id.
+func (c *Channel) ID() int { return c.id }
+
+// VM returns the channel's address space.
+func (c *Channel) VM() *VM { return c.vm }
+
+func (c *Channel) userOffset(field uint64) uint64 {
+	return c.d.pollBase + uint64(c.id)*nvc0.UserAreaSize + field
+}
+
+func (c *Channel) mapHost(b hostmem.Buffer) (uint64, error) {
+	size := uint64(len(b.Bytes))
+	va, err := c.vm.AllocVA(size, nvc0.PageSize)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.vm.MapHost(va, b.Bus, size); err != nil {
+		c.vm.FreeVA(va)
+		return 0, err
+	}
+	return va, nil
+}
+
+// updatePlaylist writes the live channels into the spare playlist buffer and
+// submits it (nouveau double-buffers the runlist the same way).
+func (d *Device) updatePlaylist() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pl := d.playlist[d.plCur]
+	d.plCur ^= 1
+	n := 0
+	for id, ch := range d.chans {
+		if ch == nil || ch.ramin == nil || ch.closed {
+			continue
+		}
+		d.kwr32(pl, uint64(n)*nvc0.PlaylistEntrySize, uint32(id))
+		d.kwr32(pl, uint64(n)*nvc0.PlaylistEntrySize+4, 0x4)
+		n++
+	}
+	return hwseq.SubmitPlaylist(d.mmio, pl.addr, n, d.opts.Timeout)
+}
+
+// fecsBind asks the context-switch firmware to bind a channel's graphics/compute context.
+func (d *Device) fecsBind(ramin uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return hwseq.FECSBind(d.mmio, ramin, d.opts.Timeout)
+}
+
+// Submit copies a push buffer into the channel's push space, appends a GPFIFO
+// entry for it and rings the doorbell (GP_PUT through the poll area).
+func (c *Channel) Submit(words []uint32) error {
+	n := uint64(len(words)) * 4
+	if n == 0 || n > pushBytes/2 {
+		return fmt.Errorf("submit of %d words: bad length", len(words))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	start, err := c.reserve(n)
+	if err != nil {
+		return err
+	}
+	push := c.ring.Bytes[gpfifoBytes+start:]
+	for i, w := range words {
+		binary.LittleEndian.PutUint32(push[4*i:], w)
+	}
+	w0, w1 := nvc0.GPFIFOEncode(c.ringVA+gpfifoBytes+start, uint32(len(words)))
+	e := c.ring.Bytes[uint64(c.put)*nvc0.GPFIFOEntrySize:]
+	binary.LittleEndian.PutUint32(e, w0)
+	binary.LittleEndian.PutUint32(e[4:], w1)
+	c.submitted++
+	c.queue = append(c.queue, pending{serial: c.submitted, start: start, end: start + n})
+	c.head = start + n
+	c.put = (c.put + 1) % gpfifoEntries
+	c.d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), c.put)
+	return nil
+}
+
+// reserve finds n contiguous bytes of push space and a free GPFIFO slot,
+// reclaiming completed entries (by reading GP_GET) and waiting if needed.
+func (c *Channel) reserve(n uint64) (uint64, error) {
+	deadline := time.Now().Add(c.d.opts.Timeout)
+	for reclaimed := false; ; {
+		if len(c.queue) < gpfifoEntries-1 {
+			if start, ok := c.fits(n); ok {
+				return start, nil
+			}
+		}
+		if reclaimed {
+			if err := c.checkFault(); err != nil {
+				return 0, err
+			}
+			if time.Now().After(deadline) {
+				return 0, fmt.Errorf("channel %d push space: %w", c.id, ErrTimeout)
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+		c.reclaim()
+		reclaimed = true
+	}
+}
+
+func (c *Channel) fits(n uint64) (uint64, bool) {
+	if len(c.queue) == 0 {
+		return 0, true
+	}
+	tail := c.queue[0].start
+	if c.head >= tail {
+		if c.head+n <= pushBytes {
+			return c.head, true
+		}
+		if n < tail {
+			return 0, true
+		}
+		return 0, false
+	}
+	if c.head+n < tail {
+		return c.head, true
+	}
+	return 0, false
+}
+
+// reclaim drops queue entries the GPU has finished, from GP_GET.
+func (c *Channel) reclaim() {
+	get := c.d.mmio.Read32(nvc0.BAR1, c.userOffset(nvc0.UserGPGet)) % gpfifoEntries
+	outstanding := uint64((c.put - get + gpfifoEntries) % gpfifoEntries)
+	done := c.submitted - outstanding
+	i := 0
+	for i < len(c.queue) && c.queue[i].serial <= done {
+		i++
+	}
+	c.queue = c.queue[i:]
+}
+
+// Fence submits a semaphore release of the next sequence number after all
+// work submitted so far, and returns that number.
+func (c *Channel) Fence() (uint32, error) {
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	c.mu.Unlock()
+	err := c.Submit([]uint32{
+		nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4),
+		uint32(c.fenceVA >> 32), uint32(c.fenceVA), seq, nvc0.SemaphoreRelease,
+	})
+	return seq, err
+}
+
+// fenceValue reads the semaphore the GPU releases (the GPU writes it
+// concurrently, so read it atomically).
+func (c *Channel) fenceValue() uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&c.fence.Bytes[0])))
+}
+
+// WaitFence polls semaphore memory until it reaches seq, checking the channel
+// for a fault every FaultPoll and giving up after the driver's timeout.
+func (c *Channel) WaitFence(seq uint32) error {
+	start := time.Now()
+	nextCheck := start.Add(c.d.opts.FaultPoll)
+	for i := 0; ; i++ {
+		if int32(c.fenceValue()-seq) >= 0 {
+			return nil
+		}
+		if i < 256 {
+			continue // spin briefly: most fences complete within microseconds
+		}
+		now := time.Now()
+		if now.After(nextCheck) {
+			if err := c.checkFault(); err != nil {
+				return err
+			}
+			if now.Sub(start) > c.d.opts.Timeout {
+				return fmt.Errorf("channel %d fence %d (at %d): %w", c.id, seq, c.fenceValue(), ErrTimeout)
+			}
+			nextCheck = now.Add(c.d.opts.FaultPoll)
+		}
+		if i > 4096 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// Finish waits for all work submitted so far.
+func (c *Channel) Finish() error {
+	seq, err := c.Fence()
+	if err != nil {
+		return err
+	}
+	return c.WaitFence(seq)
+}
+
+// checkFault reads the channel's control word and, if the GPU stopped the
+// channel, returns a FaultError built from the fault report.
+func (c *Channel) checkFault() error {
+	ctl := c.d.rd(nvc0.ChanCtl(c.id))
+	if ctl == 0xFFFFFFFF {
+		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceGone)
+	}
+	if ctl&nvc0.ChanCtlFaulted == 0 {
+		return nil
+	}
+	fe := &FaultError{Channel: c.id}
+	inst := c.d.rd(nvc0.RegFaultInst)
+	status := c.d.rd(nvc0.RegFaultStatus)
+	if inst&nvc0.FaultValid != 0 && int((status>>nvc0.FaultChanShift)&nvc0.FaultChanMask) == c.id {
+		fe.Known = true
+		fe.Reason = status & nvc0.FaultReasonMask
+		fe.Write = status&nvc0.FaultWrite != 0
+		fe.Addr = uint64(c.d.rd(nvc0.RegFaultAddrHi))<<32 | uint64(c.d.rd(nvc0.RegFaultAddrLo))
+	}
+	return fe
+}
+
+// Close kills the channel, takes it off the playlist and frees its memory.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	d := c.d
+	err := hwseq.KillChannel(d.mmio, c.id, d.opts.Timeout)
+	d.wr(nvc0.ChanCtl(c.id), 0)
+	d.wr(nvc0.ChanInst(c.id), 0)
+	if perr := d.updatePlaylist(); err == nil {
+		err = perr
+	}
+	if rerr := c.release(); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("close channel %d: %w", c.id, err)
+	}
+	return nil
+}
+
+// release frees what the channel allocated and its id.
+func (c *Channel) release() error {
+	d := c.d
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if c.fenceVA != 0 {
+		keep(c.vm.Unmap(c.fenceVA, uint64(len(c.fence.Bytes))))
+		keep(c.vm.FreeVA(c.fenceVA))
+	}
+	if c.fence.Bytes != nil {
+		keep(d.host.Free(c.fence))
+	}
+	if c.ringVA != 0 {
+		keep(c.vm.Unmap(c.ringVA, uint64(len(c.ring.Bytes))))
+		keep(c.vm.FreeVA(c.ringVA))
+	}
+	if c.ring.Bytes != nil {
+		keep(d.host.Free(c.ring))
+	}
+	keep(d.freeKobj(c.ramin))
+	c.ramin = nil
+	d.mu.Lock()
+	if d.chans[c.id] == c {
+		d.chans[c.id] = nil
+	}
+	d.mu.Unlock()
+	return first
+}
