@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/sched"
 )
 
 // Options configure an Aggregator.
@@ -22,7 +24,17 @@ type Options struct {
 	// the trap, not the bus transaction. 0 for a real board, where the bus
 	// charges itself.
 	BusReadNs, BusWriteNs int64
-	Logger                *slog.Logger
+	// Policy schedules the VMs' submissions (nil: FIFO). The aggregator
+	// owns it from New on.
+	Policy sched.Policy
+	// Watchdog kills a channel whose submission runs longer (0: never).
+	Watchdog time.Duration
+	// Weight returns a guest's scheduling weight (nil: 1 for everyone).
+	Weight func(Guest) int
+	// Quota returns a guest's channel and VRAM quota within its slot (nil,
+	// or zeros: the whole slot).
+	Quota  func(Guest) (channels int, vram uint64)
+	Logger *slog.Logger
 }
 
 // ErrNoSlot is returned when every VM slot is taken.
@@ -37,6 +49,9 @@ type Aggregator struct {
 	shadowBudget uint64
 	regs         regTable
 	opts         Options
+	disp         *dispatcher
+	stop         context.CancelFunc
+	stopped      chan struct{}
 
 	mu    sync.Mutex
 	vgpus []*VGPU // by slot; nil = free
@@ -62,8 +77,21 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	// Each VM may hold an equal share of what the aggregator's own
 	// structures leave of the reserve.
 	budget := phys.reserve.FreeBytes() / uint64(opts.MaxVMs)
-	return &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
-		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots))}, nil
+	if opts.Policy == nil {
+		if opts.Policy, err = sched.New("fifo", sched.Defaults()); err != nil {
+			return nil, err
+		}
+	}
+	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), stopped: make(chan struct{})}
+	a.disp = newDispatcher(a, opts.Policy, opts.Watchdog)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stop = cancel
+	go func() {
+		defer close(a.stopped)
+		a.disp.run(ctx)
+	}()
+	return a, nil
 }
 
 // Layout returns how the board is partitioned.
@@ -93,6 +121,14 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 		a.vgpus[slot] = nil
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
 	}
+	weight := 1
+	if a.opts.Weight != nil {
+		weight = max(a.opts.Weight(g), 1)
+	}
+	if err := a.disp.addVM(v, weight); err != nil {
+		a.vgpus[slot] = nil
+		return nil, errors.Join(fmt.Errorf("attach %s: scheduler: %w", g.Name, err), v.teardown())
+	}
 	a.vgpus[slot] = v
 	v.log.Info("vGPU attached", "mode", g.Mode, "vram_mib", v.Slot.VRAM.Size>>20, "channels", v.Slot.Chans)
 	return v, nil
@@ -100,6 +136,7 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 
 // Detach tears a vGPU down (channels killed, VRAM scrubbed) and frees its slot.
 func (a *Aggregator) Detach(v *VGPU) error {
+	a.disp.removeVM(v)
 	err := v.teardown()
 	a.mu.Lock()
 	if a.vgpus[v.ID] == v {
@@ -123,11 +160,13 @@ func (a *Aggregator) VGPUs() []*VGPU {
 	return out
 }
 
-// Close detaches every vGPU.
+// Close detaches every vGPU and stops the dispatcher.
 func (a *Aggregator) Close() error {
 	var errs []error
 	for _, v := range a.VGPUs() {
 		errs = append(errs, a.Detach(v))
 	}
+	a.stop()
+	<-a.stopped
 	return errors.Join(errs...)
 }

@@ -166,6 +166,9 @@ func (v *VGPU) apertureRead(bar int, off uint64) uint32 {
 		v.deny("read", bar, off, 0)
 		return 0
 	}
+	if ch, ok := v.doorbellChannel(bar, off); ok {
+		return v.chans[ch].put // what the guest last rang, queued or not
+	}
 	return v.agg.gpu.Read32(bar, b.slice.Base+off)
 }
 
@@ -178,13 +181,17 @@ func (v *VGPU) apertureWrite(bar int, off uint64, val uint32) {
 		v.deny("write", bar, off, val)
 		return
 	}
+	if ch, ok := v.doorbellChannel(bar, off); ok {
+		// The guest's GP_PUT never reaches the user page: only the
+		// dispatcher writes the physical GP_PUT, when the policy releases
+		// the submission, so the GPU cannot run ahead of the scheduler.
+		v.doorbell(ch, val)
+		return
+	}
 	if g := b.guest[off/nvc0.PageSize]; g != noGuestPage {
 		v.noteGuestWrite(g+off%nvc0.PageSize, 4)
 	}
 	v.agg.gpu.Write32(bar, b.slice.Base+off, val)
-	if ch, ok := v.doorbellChannel(bar, off); ok {
-		v.doorbell(ch, val)
-	}
 }
 
 // doorbellChannel reports whether a BAR1 offset is the GP_PUT word of one of

@@ -63,6 +63,9 @@ func chanTableWrite(v *VGPU, off, val uint32) {
 	i, word, _ := nvc0.ChanFromTableOffset(off)
 	if i >= len(v.chans) {
 		v.deny("write", nvc0.BAR0, uint64(off), val)
+		if val != 0 {
+			v.log.Info("channel quota: channel refused", "channel", i, "quota", len(v.chans))
+		}
 		return
 	}
 	var err error
@@ -89,6 +92,9 @@ func (v *VGPU) setChannelInst(i int, val uint32) error {
 	}
 	p := v.phys(i)
 	if c.sh != nil {
+		if err := v.unmapPollPage(i); err != nil {
+			return err
+		}
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
 		err := c.sh.Close()
 		c.sh = nil
@@ -246,11 +252,50 @@ func (v *VGPU) activate(i int) error {
 	if !c.sh.Valid() {
 		return c.sh.Err()
 	}
+	if err := v.mapPollPage(i); err != nil {
+		return err
+	}
 	s := c.sh.Space()
 	if !v.synced[s] || v.stale[s] || (v.feat.Incremental && s.Dirty()) {
 		v.syncSpace(s)
 	}
 	return nil
+}
+
+// mapPollPage points the physical poll-area page of guest channel i at the
+// channel's (translated) user area, so the dispatcher's physical doorbell
+// reaches it.
+func (v *VGPU) mapPollPage(i int) error {
+	c := &v.chans[i]
+	user := c.sh.UserArea()
+	if c.polled == user {
+		return nil
+	}
+	p := v.agg.phys
+	va := p.layout.PollArea.Base + uint64(v.phys(i))*nvc0.UserAreaSize
+	if err := p.setBARPTEs(&p.bar1, va, []nvc0.PTE{{Present: true, Addr: user, Target: nvc0.TargetVRAM}}); err != nil {
+		return err
+	}
+	if err := p.flush(p.bar1.pd, true); err != nil {
+		return err
+	}
+	c.polled = user
+	return nil
+}
+
+// unmapPollPage clears guest channel i's physical poll-area page.
+func (v *VGPU) unmapPollPage(i int) error {
+	c := &v.chans[i]
+	if c.polled == 0 {
+		return nil
+	}
+	p := v.agg.phys
+	va := p.layout.PollArea.Base + uint64(v.phys(i))*nvc0.UserAreaSize
+	c.polled = 0
+	if err := p.setBARPTEs(&p.bar1, va, []nvc0.PTE{{}}); err != nil {
+		return err
+	}
+	return p.flush(p.bar1.pd, true)
 }
 
 // channelByInst finds the guest channel whose instance is the guest RAMIN in
@@ -299,6 +344,7 @@ func (v *VGPU) copyBind(reg, val uint32) {
 func (v *VGPU) doorbell(i int, put uint32) {
 	v.ctr.doorbells.Add(1)
 	c := &v.chans[i]
+	c.put = put
 	if !c.enabled {
 		return
 	}
@@ -307,7 +353,24 @@ func (v *VGPU) doorbell(i int, put uint32) {
 		v.ctr.denied.Add(1)
 		return
 	}
-	v.agg.phys.doorbell(v.phys(i), put)
+	entries, err := v.gpfifoEntries(c)
+	if err != nil || put >= entries {
+		v.log.Warn("doorbell refused", "channel", i, "put", put, "err", err)
+		v.ctr.denied.Add(1)
+		return
+	}
+	v.agg.disp.submit(&submission{v: v, ch: i, phys: v.phys(i), put: put, entries: entries, user: c.sh.UserArea()})
+}
+
+// gpfifoEntries reads the GPFIFO size the GPU uses for a channel: the one
+// in its shadow RAMIN (bounded by the shadow).
+func (v *VGPU) gpfifoEntries(c *vchan) (uint32, error) {
+	var b [8]byte
+	if err := v.agg.gpu.ReadVRAM(b[:], c.sh.ShadowRAMIN()+nvc0.RAMINGPFIFOLo); err != nil {
+		return 0, err
+	}
+	_, n := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(b[:]), binary.LittleEndian.Uint32(b[4:]))
+	return n, nil
 }
 
 // refreshFault reads the board's fault report and, if it names one of this

@@ -27,7 +27,9 @@ type vchan struct {
 	ctl     uint32          // guest's last control word
 	sh      *shadow.Channel // nil until the guest names a valid instance
 	enabled bool
-	listed  bool // on the guest's playlist
+	put     uint32 // the guest's last GP_PUT
+	polled  uint64 // user page the physical poll area maps for this channel (0: none)
+	listed  bool   // on the guest's playlist
 }
 
 // VGPU is one VM's virtual GPU control block.
@@ -69,6 +71,18 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 	feat, err := FeaturesFor(g.Mode)
 	if err != nil {
 		return nil, err
+	}
+	if a.opts.Quota != nil {
+		// A quota narrows the slot: fewer channels, a smaller VRAM slice
+		// (the guest is told the smaller size and can reach nothing beyond).
+		if chans, vram := a.opts.Quota(g); chans > 0 || vram > 0 {
+			if chans > 0 && chans < slot.Chans {
+				slot.Chans = chans
+			}
+			if vram > 0 && vram < slot.VRAM.Size {
+				slot.VRAM.Size = vram &^ (nvc0.LargePageSize - 1)
+			}
+		}
 	}
 	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, emu: map[uint32]uint32{},
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
@@ -140,7 +154,7 @@ func (v *VGPU) teardown() error {
 			continue
 		}
 		p := v.Slot.ChanBase + i
-		errs = append(errs, v.agg.phys.kill(p))
+		errs = append(errs, v.agg.phys.kill(p), v.unmapPollPage(i))
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
 		off[p] = false
@@ -176,7 +190,8 @@ func (v *VGPU) release() error {
 	if v.remap != nil {
 		errs = append(errs, v.remap.close())
 	}
-	errs = append(errs, v.agg.gpu.ScrubVRAM(v.Slot.VRAM.Base, v.Slot.VRAM.Size))
+	whole := v.agg.layout.Slots[v.ID].VRAM // all of the slot, whatever the quota was
+	errs = append(errs, v.agg.gpu.ScrubVRAM(whole.Base, whole.Size))
 	if v.ramBase != 0 {
 		errs = append(errs, v.agg.gpu.UnregisterSystemMemory(v.ramBase))
 		v.ramBase = 0

@@ -219,6 +219,11 @@ func (c *Context) MemcpyHtoD(dst DevPtr, src []byte) error {
 		return fmt.Errorf("memcpy HtoD: %w", err)
 	}
 	if q := c.allocs[dst.VA]; q.mapped && n <= SmallCopyMax {
+		// Copies are ordered after earlier work on the context, as CUDA's
+		// are: a kernel still running may be reading the buffer.
+		if err := c.ch.Finish(); err != nil {
+			return fmt.Errorf("memcpy HtoD: %w", err)
+		}
 		c.writeBAR1(q, 0, src)
 		return nil
 	}
@@ -250,6 +255,9 @@ func (c *Context) MemcpyDtoH(dst []byte, src DevPtr) error {
 		return fmt.Errorf("memcpy DtoH: %w", err)
 	}
 	if q := c.allocs[src.VA]; q.mapped && n <= SmallCopyMax {
+		if err := c.ch.Finish(); err != nil { // wait for the work that writes it
+			return fmt.Errorf("memcpy DtoH: %w", err)
+		}
 		c.readBAR1(q, 0, dst)
 		return nil
 	}

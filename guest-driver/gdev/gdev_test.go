@@ -2,6 +2,7 @@ package gdev_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"sync"
 	"testing"
@@ -285,4 +286,34 @@ func equalU32(a, b []uint32) bool {
 		}
 	}
 	return true
+}
+
+// A small copy back (through BAR1) right after a launch, with no explicit
+// synchronisation, sees the kernel's result: copies are ordered after
+// earlier work, as in CUDA.
+func TestSmallCopyOrderedAfterLaunch(t *testing.T) {
+	n := openNative(t)
+	ctx, err := gdev.NewContext(n.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	fn, err := ctx.LoadFunction(nvc0.KernelLoop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ctx.MemAlloc(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Launch(fn, 1<<20, out.VA); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8)
+	if err := ctx.MemcpyDtoH(got, out); err != nil {
+		t.Fatal(err)
+	}
+	if v := binary.LittleEndian.Uint64(got); v != kernels.LoopValue(1<<20) {
+		t.Fatalf("read %#x before the kernel finished (want %#x)", v, kernels.LoopValue(1<<20))
+	}
 }

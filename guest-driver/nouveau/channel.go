@@ -76,7 +76,7 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	defer func() {
 		if err != nil {
 			c.release()
-			err = fmt.Errorf("channel %d: %w", id, err)
+			c, err = nil, fmt.Errorf("channel %d: %w", id, err)
 		}
 	}()
 
@@ -105,7 +105,12 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	d.kwr64(c.ramin, nvc0.RAMINAddrLimit, nvc0.VASize-1)
 	d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), 0)
 
-	d.wr(nvc0.ChanInst(id), nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+	inst := nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstVRAM)
+	d.wr(nvc0.ChanInst(id), inst)
+	if got := d.rd(nvc0.ChanInst(id)); got != inst {
+		// A virtual GPU refuses channels beyond the VM's quota.
+		return c, fmt.Errorf("the GPU refused the channel (instance reads %#x): %w", got, ErrNoChannel)
+	}
 	d.wr(nvc0.ChanCtl(id), nvc0.ChanCtlDefault)
 	if err = d.updatePlaylist(); err != nil {
 		return c, err
