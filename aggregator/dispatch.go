@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/spin"
 	"github.com/gpuvm/gpuvm/sched"
 )
 
@@ -30,6 +31,7 @@ type submission struct {
 // Usage is one completed submission's GPU time, for fairness reports.
 type Usage struct {
 	VGPU       int
+	Name       string        // the guest's domain name
 	Start, End time.Duration // on the dispatcher's clock
 }
 
@@ -56,12 +58,25 @@ type dispatcher struct {
 	deny     map[int]bool
 	usage    []Usage
 	record   bool
-	kills    map[int]uint64 // watchdog kills per vGPU
+	kills    map[int]uint64        // watchdog kills per vGPU
+	lastDone map[int]time.Duration // when each vGPU's last submission completed
+	think    map[string]*Think     // by guest name, while recording
+}
+
+// Think sums the time a VM took to submit again after its previous
+// submission completed (its CPU-side "think time"), which bounds what a
+// scheduler that waits for the same VM (BAND) can achieve.
+type Think struct {
+	Count     int
+	Total     time.Duration
+	Max       time.Duration
+	UnderWait int // gaps shorter than the BAND wait
 }
 
 func newDispatcher(a *Aggregator, p sched.Policy, watchdog time.Duration) *dispatcher {
 	return &dispatcher{a: a, policy: p, clock: sched.NewRealClock(), watchdog: watchdog, poll: 20 * time.Microsecond,
-		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, kills: map[int]uint64{}}
+		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, kills: map[int]uint64{},
+		lastDone: map[int]time.Duration{}, think: map[string]*Think{}}
 }
 
 func (d *dispatcher) signal() {
@@ -91,6 +106,21 @@ func (d *dispatcher) submit(s *submission) {
 	d.mu.Lock()
 	now := d.clock.Now()
 	s.queued = now
+	if last, ok := d.lastDone[s.v.ID]; ok && d.record && len(d.queues[s.v.ID]) == 0 {
+		t := d.think[s.v.Guest.Name]
+		if t == nil {
+			t = &Think{}
+			d.think[s.v.Guest.Name] = t
+		}
+		gap := now - last
+		t.Count++
+		t.Total += gap
+		t.Max = max(t.Max, gap)
+		if gap < 500*time.Microsecond {
+			t.UnderWait++
+		}
+		delete(d.lastDone, s.v.ID)
+	}
 	d.queues[s.v.ID] = append(d.queues[s.v.ID], s)
 	err := d.policy.Submitted(sched.VMID(s.v.ID), now)
 	d.mu.Unlock()
@@ -150,11 +180,16 @@ func (d *dispatcher) queued() int {
 }
 
 // sleep waits for the next thing to do: a completion to poll, a deadline,
-// or a new submission.
+// or a new submission. Short waits nap (time.Sleep and timers may take a
+// whole millisecond); the loop re-reads the queues after each nap.
 func (d *dispatcher) sleep(ctx context.Context, busy bool, until time.Duration) {
 	var timeout time.Duration
 	switch {
 	case busy:
+		if d.sinceRelease() < spinFor {
+			runtime.Gosched() // most submissions are short: poll hard at first
+			return
+		}
 		timeout = d.poll
 	case until >= 0:
 		timeout = until - d.clock.Now()
@@ -164,19 +199,8 @@ func (d *dispatcher) sleep(ctx context.Context, busy bool, until time.Duration) 
 	default:
 		timeout = time.Hour
 	}
-	if busy && timeout <= d.poll {
-		// Completion polling: yield for the first spinFor after a release
-		// (most submissions are short), then short sleeps.
-		if d.sinceRelease() < spinFor {
-			runtime.Gosched()
-			return
-		}
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
+	if timeout <= napUpTo {
+		spin.Nap(min(timeout, d.poll))
 		return
 	}
 	t := time.NewTimer(timeout)
@@ -187,6 +211,10 @@ func (d *dispatcher) sleep(ctx context.Context, busy bool, until time.Duration) 
 	case <-t.C:
 	}
 }
+
+// napUpTo: waits up to this long are naps of d.poll (so a new submission is
+// noticed within a nap); longer ones block until woken.
+const napUpTo = 5 * time.Millisecond
 
 // spinFor is how long after a release the dispatcher polls without sleeping.
 const spinFor = 200 * time.Microsecond
@@ -256,8 +284,9 @@ func (d *dispatcher) reap() {
 		if cerr := d.policy.Completed(sched.VMID(s.v.ID), now-s.released, now); cerr != nil && !errors.Is(cerr, sched.ErrUnknownVM) {
 			d.log.Error("scheduler", "err", cerr)
 		}
+		d.lastDone[s.v.ID] = now
 		if d.record {
-			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Start: s.released, End: now})
+			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: s.released, End: now})
 		}
 	}
 	d.inflight = keep
@@ -299,7 +328,21 @@ func (a *Aggregator) StartRecording() {
 	d := a.disp
 	d.mu.Lock()
 	d.usage, d.record = nil, true
+	d.think = map[string]*Think{}
 	d.mu.Unlock()
+}
+
+// ThinkTimes returns, per guest name, how long VMs took to resubmit after
+// a completion, since StartRecording.
+func (a *Aggregator) ThinkTimes() map[string]Think {
+	d := a.disp
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]Think{}
+	for k, v := range d.think {
+		out[k] = *v
+	}
+	return out
 }
 
 // Recorded returns the usage recorded since StartRecording and the

@@ -46,7 +46,8 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "vram", Value: "6GiB", Usage: "VRAM of the simulated board"},
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml) for the board; explicit flags override it"},
 		},
-		Action: runBench,
+		Action:      runBench,
+		Subcommands: []*cli.Command{fairnessCommand()},
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -35,6 +36,9 @@ func devmodelCommand() *cli.Command {
 			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices"},
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
+			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
+			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
+			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
 		},
 		Action: runDevmodel,
 	}
@@ -66,6 +70,19 @@ func runDevmodel(c *cli.Context) error {
 	}
 	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
 		Mode: c.String("mode"), RAMSize: ram, Transport: transport, Logger: log}
+	if kind := c.String("fairness"); kind != "" {
+		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"))
+		if jerr := bench.WriteJSONValue(c.App.Writer, load); jerr != nil {
+			return jerr
+		}
+		if err != nil {
+			return &exitError{code: exitFailure, err: err}
+		}
+		if !load.Verified {
+			return &exitError{code: exitFailure, err: errors.New(load.Error)}
+		}
+		return nil
+	}
 	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
 	progress := newProgress(c.App.ErrWriter)
 	results, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)

@@ -77,22 +77,18 @@ func (b *Board) do(e *engine, run func() error) error {
 	}
 }
 
-// modelWait stretches work that started at start to last at least d.
+// modelWait stretches work that started at start to last at least d,
+// giving up early if the board closes.
 func (b *Board) modelWait(start time.Time, d time.Duration) {
-	if d <= 0 {
-		return
-	}
 	deadline := start.Add(d)
-	if left := time.Until(deadline); left > spin.SleepAbove {
-		t := time.NewTimer(left - spin.SleepAbove/2)
-		select {
-		case <-b.ctx.Done():
-			t.Stop()
+	for b.ctx.Err() == nil {
+		left := time.Until(deadline)
+		if left <= spin.SleepAbove {
+			spin.Until(deadline)
 			return
-		case <-t.C:
 		}
+		spin.Nap(min(left-spin.SleepAbove/2, 10*time.Millisecond))
 	}
-	spin.Until(deadline)
 }
 
 // computeState is the compute class's method state.

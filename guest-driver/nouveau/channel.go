@@ -11,6 +11,7 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/hwseq"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/spin"
 )
 
 // Subchannels the driver binds its engine classes to (a software convention).
@@ -52,6 +53,7 @@ type Channel struct {
 	queue     []pending
 	head      uint64 // next free byte of push space
 	seq       uint32 // last fence sequence emitted
+	unfenced  bool   // work was submitted after the last fence
 	closed    bool
 }
 
@@ -182,12 +184,34 @@ func (d *Device) fecsBind(ramin uint64) error {
 // Submit copies a push buffer into the channel's push space, appends a GPFIFO
 // entry for it and rings the doorbell (GP_PUT through the poll area).
 func (c *Channel) Submit(words []uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unfenced = true
+	return c.submitLocked(words)
+}
+
+// SubmitFenced submits a push buffer followed, in the same GPFIFO entry, by a
+// semaphore release of the next fence sequence number, which it returns: one
+// doorbell for the work and its fence, as nouveau emits them.
+func (c *Channel) SubmitFenced(words []uint32) (uint32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	seq := c.seq
+	all := append(append([]uint32(nil), words...),
+		nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(c.fenceVA>>32), uint32(c.fenceVA), seq, nvc0.SemaphoreRelease)
+	if err := c.submitLocked(all); err != nil {
+		return 0, err
+	}
+	c.unfenced = false
+	return seq, nil
+}
+
+func (c *Channel) submitLocked(words []uint32) error {
 	n := uint64(len(words)) * 4
 	if n == 0 || n > pushBytes/2 {
 		return fmt.Errorf("submit of %d words: bad length", len(words))
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
 		return ErrClosed
 	}
@@ -228,7 +252,7 @@ func (c *Channel) reserve(n uint64) (uint64, error) {
 			if time.Now().After(deadline) {
 				return 0, fmt.Errorf("channel %d push space: %w", c.id, ErrTimeout)
 			}
-			time.Sleep(10 * time.Microsecond)
+			spin.Nap(20 * time.Microsecond)
 		}
 		c.reclaim()
 		reclaimed = true
@@ -267,18 +291,18 @@ func (c *Channel) reclaim() {
 	c.queue = c.queue[i:]
 }
 
-// Fence submits a semaphore release of the next sequence number after all
-// work submitted so far, and returns that number.
+// Fence returns a fence sequence number that completes after all work
+// submitted so far: the last one emitted if nothing was submitted since,
+// else a new semaphore release.
 func (c *Channel) Fence() (uint32, error) {
 	c.mu.Lock()
-	c.seq++
-	seq := c.seq
+	if !c.unfenced {
+		seq := c.seq
+		c.mu.Unlock()
+		return seq, nil
+	}
 	c.mu.Unlock()
-	err := c.Submit([]uint32{
-		nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4),
-		uint32(c.fenceVA >> 32), uint32(c.fenceVA), seq, nvc0.SemaphoreRelease,
-	})
-	return seq, err
+	return c.SubmitFenced(nil)
 }
 
 // fenceValue reads the semaphore the GPU releases (the GPU writes it
@@ -310,7 +334,7 @@ func (c *Channel) WaitFence(seq uint32) error {
 			nextCheck = now.Add(c.d.opts.FaultPoll)
 		}
 		if i > 4096 {
-			time.Sleep(20 * time.Microsecond)
+			spin.Nap(20 * time.Microsecond) // time.Sleep may take a whole millisecond
 		}
 	}
 }

@@ -16,3 +16,13 @@ func TestNeverEarly(t *testing.T) {
 		}
 	}
 }
+
+func TestNapNeverEarly(t *testing.T) {
+	for _, d := range []time.Duration{0, 20 * time.Microsecond, 200 * time.Microsecond} {
+		start := time.Now()
+		Nap(d)
+		if got := time.Since(start); got < d {
+			t.Errorf("Nap(%v) returned after %v", d, got)
+		}
+	}
+}

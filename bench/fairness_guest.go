@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/gpu/kernels"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+)
+
+// GuestLoad is what one VM of the fairness harness did.
+type GuestLoad struct {
+	Kind       string  `json:"kind"` // "madd" or "long-madd"
+	Iterations int     `json:"iterations"`
+	MeanIterNs float64 `json:"mean_iteration_ns"`
+	Verified   bool    `json:"verified"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// FairnessKinds are the two loads of the thesis' Fig. 4.11 experiment.
+func FairnessKinds() []string { return []string{"madd", "long-madd"} }
+
+// RunFairnessGuest is one VM of the fairness harness: it loops a madd (one
+// kernel per submission) or a long-madd (repeat kernels in one submission,
+// 15× the work) on its vGPU for duration, then verifies the result.
+func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim, repeat int, duration time.Duration) (load GuestLoad, err error) {
+	load.Kind = kind
+	times := 1
+	switch kind {
+	case "madd":
+	case "long-madd":
+		times = repeat
+	default:
+		return load, fmt.Errorf("fairness load %q: want madd or long-madd", kind)
+	}
+	dev, err := devmodel.Connect(ctx, cfg)
+	if err != nil {
+		return load, err
+	}
+	defer func() { err = errors.Join(err, dev.Close()) }()
+	bar1, bar3 := dev.BARSizes()
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3})
+	if err != nil {
+		return load, err
+	}
+	defer func() { err = errors.Join(err, drv.Close()) }()
+	gctx, err := gdev.NewContext(drv)
+	if err != nil {
+		return load, err
+	}
+	defer func() { err = errors.Join(err, gctx.Close()) }()
+	fn, err := gctx.LoadFunction(nvc0.KernelMadd)
+	if err != nil {
+		return load, err
+	}
+	n := dim * dim
+	a, b := make([]uint32, n), make([]uint32, n)
+	for i := range a {
+		a[i], b[i] = uint32(i*7+int(cfg.DomID)), uint32(i*5+3)
+	}
+	var p [3]gdev.DevPtr
+	for i := range p {
+		if p[i], err = gctx.MemAlloc(uint64(4 * n)); err != nil {
+			return load, err
+		}
+	}
+	if err := gctx.MemcpyHtoD(p[0], kernels.EncodeU32s(a)); err != nil {
+		return load, err
+	}
+	if err := gctx.MemcpyHtoD(p[1], kernels.EncodeU32s(b)); err != nil {
+		return load, err
+	}
+	start := time.Now()
+	for time.Since(start) < duration && ctx.Err() == nil {
+		if err := gctx.LaunchRepeat(fn, times, p[0].VA, p[1].VA, p[2].VA, uint64(dim)); err != nil {
+			return load, err
+		}
+		if err := gctx.Synchronize(); err != nil {
+			return load, err
+		}
+		load.Iterations++
+	}
+	if load.Iterations > 0 {
+		load.MeanIterNs = float64(time.Since(start).Nanoseconds()) / float64(load.Iterations)
+	}
+	out := make([]byte, 4*n)
+	if err := gctx.MemcpyDtoH(out, p[2]); err != nil {
+		return load, err
+	}
+	want := kernels.MaddU32(a, b)
+	got := kernels.DecodeU32s(out)
+	load.Verified = true
+	for i := range want {
+		if got[i] != want[i] {
+			load.Verified = false
+			load.Error = fmt.Sprintf("result differs at element %d", i)
+			break
+		}
+	}
+	return load, nil
+}
