@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
@@ -30,6 +31,7 @@ type VirtualOptions struct {
 	Partition config.PartitionConfig
 	RAMSize   uint64        // guest RAM of the VM process
 	Transport ipc.Transport // device model ↔ aggregator transport
+	TrapCost  time.Duration // hypervisor cost charged per trap (see devmodel.Config.TrapCost)
 	Command   VMCommand
 	Logger    *slog.Logger
 }
@@ -93,7 +95,7 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 		"--workloads", strings.Join(names, ","), "--runs", strconv.Itoa(runs), "--json",
 		"--matrix-dim", strconv.Itoa(params.MatrixDim), "--loop-iterations", strconv.FormatUint(params.LoopIterations, 10),
 		"--copy-size", strconv.FormatUint(params.CopyBytes, 10), "--ram", strconv.FormatUint(opts.RAMSize, 10),
-		"--transport", opts.Transport.String()}
+		"--transport", opts.Transport.String(), "--trap-cost", opts.TrapCost.String()}
 	cmd := opts.Command(ctx, args)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr

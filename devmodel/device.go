@@ -36,7 +36,12 @@ type Config struct {
 	Mode      string
 	RAMSize   uint64
 	Transport ipc.Transport // default shm
-	Logger    *slog.Logger
+	// TrapCost is charged before every trapped access: the hypervisor's
+	// share of a trap (VM exit, ioreq delivery to the device model, resume)
+	// that a process-based harness without Xen does not pay. 0 charges
+	// nothing (what this machine measures).
+	TrapCost time.Duration
+	Logger   *slog.Logger
 }
 
 // Device is a VM's virtual GPU: its guest RAM, its connection to the
@@ -52,6 +57,7 @@ type Device struct {
 	slice              []byte // the VM's VRAM slice, with remap
 	bar1Pages          uint64
 	busRead, busWrite  time.Duration // charged per passed-through access
+	trapCost           time.Duration // charged per trapped access
 }
 
 // Connect creates the guest RAM, connects to the aggregator and maps what
@@ -60,7 +66,7 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if cfg.Transport == 0 {
 		cfg.Transport = ipc.TransportShm
 	}
-	d = &Device{pci: NewConfigSpace()}
+	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Close())
@@ -184,6 +190,7 @@ func (d *Device) Read32(bar int, off uint64) uint32 {
 		spin.For(d.busRead)
 		return atomic.LoadUint32(p)
 	}
+	spin.For(d.trapCost)
 	v, err := d.client.Read32(bar, off)
 	if err != nil {
 		return 0xFFFFFFFF
@@ -198,6 +205,7 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 		atomic.StoreUint32(p, v)
 		return
 	}
+	spin.For(d.trapCost)
 	_ = d.client.Write32(bar, off, v) // a failure is sticky: Err reports it
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
-	"github.com/gpuvm/gpuvm/ipc"
 )
 
 // benchModes are the execution modes bench can run.
@@ -45,6 +44,8 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
 			&cli.StringFlag{Name: "vram", Value: "6GiB", Usage: "VRAM of the simulated board"},
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml) for the board; explicit flags override it"},
+			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "virtualized modes: device model to aggregator transport, shm or socket"},
+			&cli.DurationFlag{Name: "trap-cost", Usage: "virtualized modes: charge this per trapped access for the hypervisor's VM exit and ioreq delivery, which runs without Xen do not pay (e.g. 5us); 0 = none"},
 		},
 		Action:      runBench,
 		Subcommands: []*cli.Command{fairnessCommand()},
@@ -105,6 +106,10 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	transport, err := parseTransport(c.String("transport"))
+	if err != nil {
+		return err
+	}
 	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
 	var wls []workloads.Workload
 	for _, n := range names {
@@ -125,7 +130,7 @@ func runBench(c *cli.Context) error {
 			progress.done()
 			results, err = bench.RunVirtualized(c.Context, mode, names, runs, params, bench.VirtualOptions{
 				Board: boardCfg, Partition: bench.BenchPartition(boardCfg.VRAMSize), RAMSize: benchGuestRAM,
-				Transport: ipc.TransportShm, Command: selfCommand, Logger: log,
+				Transport: transport, TrapCost: c.Duration("trap-cost"), Command: selfCommand, Logger: log,
 			})
 		}
 		if err != nil {

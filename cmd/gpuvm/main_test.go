@@ -7,7 +7,9 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestMain lets the bench re-execute this test binary as gpuvm (its VM
@@ -176,5 +178,115 @@ func TestBenchFairnessJSON(t *testing.T) {
 	}
 	if _, err := os.Stat(dir + "/usage-band-2vms-500ms.svg"); err != nil {
 		t.Errorf("chart not written: %v", err)
+	}
+}
+
+// The virtualized modes end to end (each a real VM process over the IPC
+// protocol), at test sizes: every result verifies, lazy shadowing scans
+// fewer page-table entries than naive shadowing, and BAR remap traps fewer
+// BAR3 accesses than naive.
+func TestBenchVirtualizedModes(t *testing.T) {
+	modes := "native,fv-naive,fv-lazy,fv-bar-remap,fv-optimized,fv-incremental"
+	runs := "2"
+	if testing.Short() {
+		modes, runs = "native,fv-naive,fv-lazy,fv-bar-remap", "1"
+	}
+	out, stderr, err := runApp(t, "bench", "--mode", modes, "--workloads", "nop,madd,cpy", "--runs", runs,
+		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "5MiB", "--vram", "3GiB")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	var rep struct {
+		Results []struct {
+			Mode, Workload string
+			Verified       bool
+			Error          string
+			VsNative       float64            `json:"vs_native"`
+			Counters       map[string]float64 `json:"counters"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v", err)
+	}
+	c := map[string]map[string]float64{}
+	for _, r := range rep.Results {
+		if !r.Verified {
+			t.Errorf("%s %s: %s", r.Mode, r.Workload, r.Error)
+		}
+		if r.Mode != "native" && r.VsNative <= 0 {
+			t.Errorf("%s %s: no ratio to native", r.Mode, r.Workload)
+		}
+		if r.Workload == "madd" {
+			c[r.Mode] = r.Counters
+		}
+	}
+	if c["fv-lazy"]["ptes_scanned"] >= c["fv-naive"]["ptes_scanned"] || c["fv-lazy"]["scans"] >= c["fv-naive"]["scans"] {
+		t.Errorf("lazy scanned %v PTEs in %v scans, naive %v in %v", c["fv-lazy"]["ptes_scanned"], c["fv-lazy"]["scans"], c["fv-naive"]["ptes_scanned"], c["fv-naive"]["scans"])
+	}
+	if c["fv-bar-remap"]["bar3_writes"] >= c["fv-naive"]["bar3_writes"] {
+		t.Errorf("remap trapped %v BAR3 writes, naive %v", c["fv-bar-remap"]["bar3_writes"], c["fv-naive"]["bar3_writes"])
+	}
+	if c["fv-naive"]["denied"] != 0 {
+		t.Errorf("honest guest had %v accesses denied", c["fv-naive"]["denied"])
+	}
+}
+
+// gpuvm serve as a real daemon: a VM process runs workloads on it, the
+// control API lists the vGPU, and SIGTERM shuts it down cleanly (exit 0).
+func TestServeDaemon(t *testing.T) {
+	dir := t.TempDir()
+	conf := dir + "/gpuvm.toml"
+	sock, ctl := dir+"/agg.sock", dir+"/ctl.sock"
+	if err := os.WriteFile(conf, []byte(`[board]
+vram = "1GiB"
+mem_partitions = 4
+[daemon]
+socket = "`+sock+`"
+control_socket = "`+ctl+`"
+max_vms = 2
+[partition]
+vram_per_vm = "256MiB"
+reserved = "128MiB"
+bar1_per_vm = "32MiB"
+bar3_per_vm = "8MiB"
+[scheduler]
+policy = "band"
+watchdog = "5s"
+[[vm]]
+name = "guest1"
+weight = 2
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	serve := selfCommand(context.Background(), []string{"serve", "--config", conf})
+	var serr bytes.Buffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(ctl); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("daemon did not come up:\n%s", serr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "guest1", "--domid", "5",
+		"--mode", "fv-optimized", "--ram", "128MiB", "--workloads", "nop,madd", "--matrix-dim", "32", "--json"})
+	if out, err := vm.Output(); err != nil {
+		t.Fatalf("VM process: %v\n%s\ndaemon:\n%s", err, out, serr.String())
+	}
+	out, _, err := runApp(t, "vgpu", "layout", "--control-socket", ctl)
+	if err != nil || !strings.Contains(out, `"Slots"`) {
+		t.Fatalf("control API layout: %v\n%s", err, out)
+	}
+	if err := serve.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := serve.Wait(); err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v\n%s", err, serr.String())
 	}
 }

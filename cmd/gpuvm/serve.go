@@ -17,6 +17,7 @@ import (
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/sched"
 )
 
 func serveCommand() *cli.Command {
@@ -87,8 +88,20 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer board.Close()
+	policy, err := sched.New(string(cfg.Scheduler.Policy), sched.FromConfig(cfg.Scheduler))
+	if err != nil {
+		return usageError("scheduler: %v", err)
+	}
 	agg, err := aggregator.New(board, aggregator.Options{Partition: cfg.Partition, MaxVMs: cfg.Daemon.MaxVMs, Channels: cfg.Board.Channels, Logger: log,
-		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs})
+		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs,
+		Policy: policy, Watchdog: cfg.Scheduler.Watchdog.Duration,
+		// Per-VM [[vm]] settings, matched by domain name or id.
+		Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
+		Quota: func(g aggregator.Guest) (int, uint64) {
+			v := cfg.LookupVM(g.Name, int(g.DomID))
+			return v.Channels, uint64(v.VRAM)
+		},
+	})
 	if err != nil {
 		return err
 	}
