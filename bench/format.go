@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/internal/svgplot"
 )
 
 // WriteJSON writes the report as one indented JSON object.
@@ -60,6 +62,40 @@ func WriteTable(w io.Writer, r Report) error {
 			fmt.Fprintf(w, "\n%s %s failed: %s\n", res.Mode, res.Workload, res.Error)
 		}
 	}
+	return writeCounters(w, r)
+}
+
+// writeCounters prints, per virtualized run, the counters behind the
+// thesis' Fig. 4.3-4.5: traps per BAR, TLB flushes, page-table scans and
+// PTEs scanned, per measured run.
+func writeCounters(w io.Writer, r Report) error {
+	var rows []Result
+	for _, res := range r.Results {
+		if _, ok := res.Counters["scans"]; ok {
+			rows = append(rows, res)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nvirtualization counters per run:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cols := []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes", "tlb_flushes", "scans", "ptes_scanned", "denied"}
+	fmt.Fprint(tw, "MODE\tWORKLOAD\t")
+	for _, c := range cols {
+		fmt.Fprintf(tw, "%s\t", strings.ToUpper(c))
+	}
+	fmt.Fprintln(tw)
+	for _, res := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t", res.Mode, res.Workload)
+		for _, c := range cols {
+			fmt.Fprintf(tw, "%v\t", res.Counters[c])
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write counters: %w", err)
+	}
 	return nil
 }
 
@@ -92,4 +128,16 @@ func formatBytes(n uint64) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// ChartVsNative returns a grouped bar chart of each mode's execution time
+// normalised to native per workload (the thesis' Fig. 4.8), log scale.
+func ChartVsNative(r Report) ([]byte, error) {
+	var bars []svgplot.Bar
+	for _, res := range r.Results {
+		if res.VsNative > 0 {
+			bars = append(bars, svgplot.Bar{Group: res.Workload, Label: res.Mode, Value: res.VsNative})
+		}
+	}
+	return svgplot.BarChart{Title: "Execution time normalised to native", YLabel: "× native (log)", Bars: bars, LogScale: true}.SVG()
 }

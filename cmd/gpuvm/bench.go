@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -44,6 +45,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
 			&cli.StringFlag{Name: "vram", Value: "6GiB", Usage: "VRAM of the simulated board"},
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml) for the board; explicit flags override it"},
+			&cli.PathFlag{Name: "svg", Usage: "write a chart of each mode's time normalised to native (vs-native.svg) to this directory"},
 			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "virtualized modes: device model to aggregator transport, shm or socket"},
 			&cli.DurationFlag{Name: "trap-cost", Usage: "virtualized modes: charge this per trapped access for the hypervisor's VM exit and ioreq delivery, which runs without Xen do not pay (e.g. 5us); 0 = none"},
 		},
@@ -145,6 +147,18 @@ func runBench(c *cli.Context) error {
 	}
 	progress.done()
 	report.Normalize()
+	if dir := c.Path("svg"); dir != "" {
+		svg, err := bench.ChartVsNative(report)
+		if err != nil {
+			return fmt.Errorf("--svg: %w (it needs native and at least one other mode)", err)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "vs-native.svg"), svg, 0o644); err != nil {
+			return err
+		}
+	}
 	if c.Bool("json") {
 		err = bench.WriteJSON(c.App.Writer, report)
 	} else {
