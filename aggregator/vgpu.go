@@ -190,8 +190,7 @@ func (v *VGPU) release() error {
 	if v.remap != nil {
 		errs = append(errs, v.remap.close())
 	}
-	whole := v.agg.layout.Slots[v.ID].VRAM // all of the slot, whatever the quota was
-	errs = append(errs, v.agg.gpu.ScrubVRAM(whole.Base, whole.Size))
+	errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.ID].VRAM)) // all of the slot, whatever the quota was
 	if v.ramBase != 0 {
 		errs = append(errs, v.agg.gpu.UnregisterSystemMemory(v.ramBase))
 		v.ramBase = 0
@@ -201,6 +200,25 @@ func (v *VGPU) release() error {
 		v.ram = nil
 	}
 	return errors.Join(errs...)
+}
+
+// SegmentRenewer is implemented by host GPUs that can give a VRAM slice
+// fresh backing, revoking every other process's mapping of the old one
+// (the simulated board). BAR remap hands a VM's slice to its device model,
+// so a slot is renewed, not merely scrubbed, before its next tenant.
+type SegmentRenewer interface {
+	RenewVRAMSegment(base, size uint64) error
+}
+
+// cleanSlot zeroes a departed VM's slice and, where the host GPU can,
+// revokes any outside mapping of it.
+func (a *Aggregator) cleanSlot(r Region) error {
+	if sr, ok := a.gpu.(SegmentRenewer); ok {
+		if err := sr.RenewVRAMSegment(r.Base, r.Size); err == nil {
+			return nil
+		}
+	}
+	return a.gpu.ScrubVRAM(r.Base, r.Size)
 }
 
 // reserveAllocator hands shadow structures reserved VRAM; freed memory is

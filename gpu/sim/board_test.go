@@ -346,3 +346,47 @@ func TestVRAMSegments(t *testing.T) {
 		t.Fatal("segments not adding up to VRAMSize accepted")
 	}
 }
+
+// Renewing a segment revokes outside mappings: a process that mapped the old
+// segment sees none of the new contents and its writes no longer reach VRAM.
+func TestRenewVRAMSegment(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions = 128<<20, 1
+	cfg.VRAMSegments = []uint64{64 << 20, 64 << 20}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	f, err := b.VRAMSegmentFile(64<<20, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := unix.Mmap(int(f.Fd()), 0, 64<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(old)
+	old[0] = 0x11
+	if err := b.RenewVRAMSegment(64<<20, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1)
+	if err := b.ReadVRAM(got, 64<<20); err != nil || got[0] != 0 {
+		t.Fatalf("renewed segment not zero: %x %v", got, err)
+	}
+	if err := b.WriteVRAM([]byte{0x22}, 64<<20+1); err != nil {
+		t.Fatal(err)
+	}
+	old[2] = 0x33
+	if old[1] == 0x22 {
+		t.Fatal("the old mapping sees the renewed segment")
+	}
+	if err := b.ReadVRAM(got, 64<<20+2); err != nil || got[0] != 0 {
+		t.Fatal("a write through the old mapping reached VRAM")
+	}
+	if err := b.RenewVRAMSegment(0, 4096); err == nil {
+		t.Fatal("renewed a range that is not a segment")
+	}
+}

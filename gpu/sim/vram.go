@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,7 @@ import (
 // business).
 type vram struct {
 	mem  []byte
+	mu   sync.Mutex // guards segs' file descriptors (RenewVRAMSegment replaces them)
 	segs []segment
 }
 
@@ -58,27 +60,41 @@ func newVRAM(size uint64, sizes []uint64) (v *vram, err error) {
 	}()
 	var base uint64
 	for _, n := range sizes {
-		fd, err := unix.MemfdCreate("gpuvm-vram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		fd, err := v.mapSegment(base, n)
 		if err != nil {
-			return v, fmt.Errorf("vram memfd: %w", err)
+			return v, err
 		}
 		v.segs = append(v.segs, segment{base: base, size: n, fd: fd})
-		if err := unix.Ftruncate(fd, int64(n)); err != nil {
-			return v, fmt.Errorf("vram ftruncate %d: %w", n, err)
-		}
-		// Whoever maps a segment (a device model, for BAR remap) must not be
-		// able to shrink it under the board.
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-			return v, fmt.Errorf("vram seal: %w", err)
-		}
-		addr := uintptr(unsafe.Pointer(&mem[base]))
-		if _, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
-			unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0); errno != 0 {
-			return v, fmt.Errorf("vram mmap segment %#x+%#x: %w", base, n, errno)
-		}
 		base += n
 	}
 	return v, nil
+}
+
+// mapSegment creates a sealed memfd of n bytes and maps it over
+// [base, base+n) of the VRAM view, replacing whatever was mapped there.
+func (v *vram) mapSegment(base, n uint64) (int, error) {
+	fd, err := unix.MemfdCreate("gpuvm-vram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, fmt.Errorf("vram memfd: %w", err)
+	}
+	fail := func(err error) (int, error) {
+		unix.Close(fd)
+		return -1, err
+	}
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		return fail(fmt.Errorf("vram ftruncate %d: %w", n, err))
+	}
+	// Whoever maps a segment (a device model, for BAR remap) must not be
+	// able to shrink it under the board.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fail(fmt.Errorf("vram seal: %w", err))
+	}
+	addr := uintptr(unsafe.Pointer(&v.mem[base]))
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0); errno != 0 {
+		return fail(fmt.Errorf("vram mmap segment %#x+%#x: %w", base, n, errno))
+	}
+	return fd, nil
 }
 
 func (v *vram) close() error {
@@ -101,6 +117,8 @@ func (v *vram) close() error {
 
 // segmentAt returns the segment holding off.
 func (v *vram) segmentAt(off uint64) segment {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	i := sort.Search(len(v.segs), func(i int) bool { return v.segs[i].base+v.segs[i].size > off })
 	return v.segs[i]
 }
@@ -129,21 +147,65 @@ func (v *vram) punch(lo, hi uint64) bool {
 // that is exactly [base, base+size) (see Config.VRAMSegments), for handing a
 // VM's slice to its device model. The caller closes it.
 func (b *Board) VRAMSegmentFile(base, size uint64) (*os.File, error) {
-	for _, s := range b.vram.segs {
-		if s.base == base && s.size == size {
-			fd, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
-			if err != nil {
-				return nil, fmt.Errorf("sim: VRAM segment: %w", err)
-			}
-			return os.NewFile(uintptr(fd), "gpuvm-vram-segment"), nil
+	b.vram.mu.Lock()
+	defer b.vram.mu.Unlock()
+	i, err := b.vram.segmentIndex(base, size)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.FcntlInt(uintptr(b.vram.segs[i].fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sim: VRAM segment: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "gpuvm-vram-segment"), nil
+}
+
+// RenewVRAMSegment gives the segment [base, base+size) fresh, zeroed
+// backing: a new memfd mapped over the range. Processes that mapped the old
+// one (a departed VM's device model) keep only orphaned pages that are no
+// longer VRAM, so a slot can pass to the next tenant without the previous
+// one reaching it. Nothing on the board may be using the range.
+func (b *Board) RenewVRAMSegment(base, size uint64) error {
+	if !b.enter() {
+		return errClosed
+	}
+	defer b.leave()
+	b.vram.mu.Lock()
+	defer b.vram.mu.Unlock()
+	i, err := b.vram.segmentIndex(base, size)
+	if err != nil {
+		return err
+	}
+	fd, err := b.vram.mapSegment(base, size)
+	if err != nil {
+		return fmt.Errorf("sim: renew VRAM segment: %w", err)
+	}
+	old := b.vram.segs[i].fd
+	b.vram.segs[i].fd = fd
+	if err := unix.Close(old); err != nil {
+		return fmt.Errorf("sim: renew VRAM segment: close old: %w", err)
+	}
+	return nil
+}
+
+// segmentIndex finds the segment that is exactly [base, base+size).
+// Callers hold v.mu.
+func (v *vram) segmentIndex(base, size uint64) (int, error) {
+	for i := range v.segs {
+		if s := &v.segs[i]; s.base == base && s.size == size {
+			return i, nil
 		}
 	}
-	return nil, fmt.Errorf("sim: no VRAM segment is exactly [%#x, +%#x)", base, size)
+	return 0, fmt.Errorf("sim: no VRAM segment is exactly [%#x, +%#x)", base, size)
 }
 
 // VRAMFd returns the memfd that backs the first VRAM segment (all of VRAM
 // unless Config.VRAMSegments split it). The board owns it; Close closes it.
-func (b *Board) VRAMFd() int { return b.vram.segs[0].fd }
+func (b *Board) VRAMFd() int {
+	b.vram.mu.Lock()
+	defer b.vram.mu.Unlock()
+	return b.vram.segs[0].fd
+}
 
 // ReadVRAM copies VRAM at off into p (host-side access, bypassing the MMU).
 func (b *Board) ReadVRAM(p []byte, off uint64) error {
