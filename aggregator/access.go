@@ -10,26 +10,11 @@ import (
 // ErrDetached is returned for accesses to a vGPU that was torn down.
 var ErrDetached = errors.New("vGPU detached")
 
-// barSize is the size of each BAR a guest may address; 0 for none.
-func barSize(bar int) uint64 {
-	switch bar {
-	case nvc0.BAR0:
-		return nvc0.BAR0Size
-	case nvc0.BAR1:
-		return nvc0.BAR1Size
-	case nvc0.BAR3:
-		return nvc0.BAR3Size
-	case nvc0.BAR5:
-		return nvc0.BAR5Size
-	}
-	return 0
-}
-
 // checkAccess rejects what no device model may send: an unknown BAR, an
 // offset outside it, an unaligned offset. The transport validates too; this
 // is the aggregator's own line.
 func checkAccess(bar int, off uint64) error {
-	size := barSize(bar)
+	size := nvc0.BARSize(bar)
 	if size == 0 || off >= size || off%4 != 0 {
 		return fmt.Errorf("access to BAR%d offset %#x: outside the device", bar, off)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
-	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/sched"
@@ -16,27 +15,12 @@ import (
 
 func newSchedAggregator(t *testing.T, policy string, opts Options) *Aggregator {
 	t.Helper()
-	cfg := sim.DefaultConfig()
-	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
-	board, err := sim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { board.Close() })
 	p, err := sched.New(policy, sched.Defaults())
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Partition, opts.MaxVMs, opts.Channels, opts.Policy = testPartition(), 2, cfg.Channels, p
-	agg, err := New(board, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := agg.Close(); err != nil {
-			t.Errorf("aggregator close: %v", err)
-		}
-	})
+	opts.MaxVMs, opts.Policy = 2, p
+	agg, _ := newTestAggregatorWith(t, opts)
 	return agg
 }
 

@@ -29,6 +29,12 @@ func testPartition() config.PartitionConfig {
 }
 
 func newTestAggregator(t *testing.T, maxVMs int) (*Aggregator, *sim.Board) {
+	return newTestAggregatorWith(t, Options{MaxVMs: maxVMs})
+}
+
+// newTestAggregatorWith builds an aggregator over a 1 GiB board with the
+// test partition; opts supplies everything else.
+func newTestAggregatorWith(t *testing.T, opts Options) (*Aggregator, *sim.Board) {
 	t.Helper()
 	cfg := sim.DefaultConfig()
 	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
@@ -37,7 +43,8 @@ func newTestAggregator(t *testing.T, maxVMs int) (*Aggregator, *sim.Board) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { board.Close() })
-	agg, err := New(board, Options{Partition: testPartition(), MaxVMs: maxVMs, Channels: cfg.Channels})
+	opts.Partition, opts.Channels = testPartition(), cfg.Channels
+	agg, err := New(board, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -162,18 +161,6 @@ func runFairnessOne(ctx context.Context, o FairnessOptions, policy string, n int
 func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []string, duration time.Duration) (FairnessRun, error) {
 	n := len(kinds)
 	run := FairnessRun{Policy: policy, VMs: n, Usage: map[string]map[string][]float64{}, Throughput: map[string]float64{}, MeanIterationNs: map[string]float64{}}
-	part := fairnessPartition(n)
-	layout, err := aggregator.NewLayout(part, n, o.Board.VRAMSize, o.Board.Channels)
-	if err != nil {
-		return run, err
-	}
-	bc := o.Board
-	bc.VRAMSegments = layout.Segments(bc.VRAMSize)
-	board, err := sim.New(bc)
-	if err != nil {
-		return run, err
-	}
-	defer board.Close()
 	p, err := sched.New(policy, o.Sched)
 	if err != nil {
 		return run, err
@@ -182,35 +169,22 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	agg, err := aggregator.New(board, aggregator.Options{Partition: part, MaxVMs: n, Channels: bc.Channels, Policy: p, Logger: log,
-		BusReadNs: bc.Timing.MMIOReadNs, BusWriteNs: bc.Timing.MMIOWriteNs})
-	if err != nil {
-		return run, err
-	}
-	defer agg.Close()
-	dir, err := os.MkdirTemp("", "gpuvm-fair-")
-	if err != nil {
-		return run, err
-	}
-	defer os.RemoveAll(dir)
 	// Many VMs share 2 cores here: a server goroutine per VM spinning after
 	// every request would starve the VMs themselves, so spin briefly.
-	ln, err := ipc.Listen(filepath.Join(dir, "agg.sock"), &ipc.ListenOptions{Spin: o.ServerSpin})
+	srv, err := serveBoard(ctx, o.Board, aggregator.Options{Partition: fairnessPartition(n), MaxVMs: n, Policy: p, Logger: log},
+		&ipc.ListenOptions{Spin: o.ServerSpin})
 	if err != nil {
 		return run, err
 	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- agg.Serve(sctx, ln) }()
-	defer func() { stop(); <-served; ln.Close() }()
-
+	defer srv.close()
+	agg := srv.agg
 	agg.StartRecording()
 	loads := make([]GuestLoad, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		kind := kinds[i]
-		args := []string{"devmodel", "--socket", ln.Addr(), "--mode", "fv-optimized", "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
+		args := []string{"devmodel", "--socket", srv.socket(), "--mode", "fv-optimized", "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
 			"--ram", "64MiB", "--fairness", kind, "--duration", duration.String(),
 			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--repeat", strconv.Itoa(o.Repeat), "--json"}
 		wg.Add(1)

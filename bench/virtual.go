@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -51,45 +50,16 @@ func BenchPartition(vram uint64) config.PartitionConfig {
 // driver and workloads) over the real IPC protocol. The VM process's stderr
 // (progress) is passed through.
 func RunVirtualized(ctx context.Context, mode string, names []string, runs int, params workloads.Params, opts VirtualOptions) ([]Result, error) {
-	layout, err := aggregator.NewLayout(opts.Partition, 1, opts.Board.VRAMSize, opts.Board.Channels)
-	if err != nil {
-		return nil, err
-	}
-	boardCfg := opts.Board
-	boardCfg.VRAMSegments = layout.Segments(boardCfg.VRAMSize) // the VM's slice can be remapped into it
-	board, err := sim.New(boardCfg)
-	if err != nil {
-		return nil, err
-	}
-	defer board.Close()
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	agg, err := aggregator.New(board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Channels: opts.Board.Channels, Logger: log,
-		BusReadNs: opts.Board.Timing.MMIOReadNs, BusWriteNs: opts.Board.Timing.MMIOWriteNs})
+	srv, err := serveBoard(ctx, opts.Board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Logger: log}, nil)
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "gpuvm-bench-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "aggregator.sock")
-	ln, err := ipc.Listen(sock, nil)
-	if err != nil {
-		return nil, err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- agg.Serve(sctx, ln) }()
-	defer func() {
-		stop()
-		<-served
-		ln.Close()
-		agg.Close()
-	}()
+	defer srv.close()
+	sock := srv.socket()
 
 	args := []string{"devmodel", "--socket", sock, "--mode", mode, "--domid", "1", "--name", "bench-vm",
 		"--workloads", strings.Join(names, ","), "--runs", strconv.Itoa(runs), "--json",

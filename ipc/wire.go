@@ -126,20 +126,8 @@ type CallResult struct {
 	Result [MaxCallResults]uint64
 }
 
-// validBAR reports the size of BAR bar, or 0 if the device has no such BAR.
-func barSize(bar uint16) uint64 {
-	switch bar {
-	case nvc0.BAR0:
-		return nvc0.BAR0Size
-	case nvc0.BAR1:
-		return nvc0.BAR1Size
-	case nvc0.BAR3:
-		return nvc0.BAR3Size
-	case nvc0.BAR5:
-		return nvc0.BAR5Size
-	}
-	return 0
-}
+// barSize is the size of BAR bar, or 0 if the device has no such BAR.
+func barSize(bar uint16) uint64 { return nvc0.BARSize(int(bar)) }
 
 // checkMMIO validates a BAR index and offset for a 32-bit access.
 func checkMMIO(bar int, off uint64) error {

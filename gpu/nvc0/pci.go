@@ -30,3 +30,18 @@ const (
 	LargePageShift = 17
 	LargePageSize  = 1 << LargePageShift // large page, 128 KiB
 )
+
+// BARSize returns the size of BAR bar of the device, or 0 if it has no such BAR.
+func BARSize(bar int) uint64 {
+	switch bar {
+	case BAR0:
+		return BAR0Size
+	case BAR1:
+		return BAR1Size
+	case BAR3:
+		return BAR3Size
+	case BAR5:
+		return BAR5Size
+	}
+	return 0
+}
