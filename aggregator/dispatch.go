@@ -60,6 +60,7 @@ type dispatcher struct {
 	record   bool
 	kills    map[int]uint64        // watchdog kills per vGPU
 	lastDone map[int]time.Duration // when each vGPU's last submission completed
+	lastEnd  time.Duration         // when the last submission of any VM completed
 	think    map[string]*Think     // by guest name, while recording
 }
 
@@ -281,12 +282,16 @@ func (d *dispatcher) reap() {
 		if err != nil {
 			d.log.Debug("submission ended without completing", "vgpu", s.v.ID, "err", err)
 		}
-		if cerr := d.policy.Completed(sched.VMID(s.v.ID), now-s.released, now); cerr != nil && !errors.Is(cerr, sched.ErrUnknownVM) {
+		// The GPU runs one submission at a time: with several in flight (a
+		// free run), one's GPU time starts when the previous one ended.
+		begin := max(s.released, d.lastEnd)
+		d.lastEnd = now
+		if cerr := d.policy.Completed(sched.VMID(s.v.ID), now-begin, now); cerr != nil && !errors.Is(cerr, sched.ErrUnknownVM) {
 			d.log.Error("scheduler", "err", cerr)
 		}
 		d.lastDone[s.v.ID] = now
 		if d.record {
-			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: s.released, End: now})
+			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: begin, End: now})
 		}
 	}
 	d.inflight = keep

@@ -187,7 +187,8 @@ func (d *Device) remapped(bar int, off uint64) *uint32 {
 // Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
 func (d *Device) Read32(bar int, off uint64) uint32 {
 	if p := d.remapped(bar, off); p != nil {
-		spin.For(d.busRead)
+		// The bus cost is a floor for the access, as on the board.
+		defer spin.Until(time.Now().Add(d.busRead))
 		return atomic.LoadUint32(p)
 	}
 	spin.For(d.trapCost)
@@ -201,8 +202,9 @@ func (d *Device) Read32(bar int, off uint64) uint32 {
 // Write32 is a guest write of a BAR (gpu.MMIO).
 func (d *Device) Write32(bar int, off uint64, v uint32) {
 	if p := d.remapped(bar, off); p != nil {
-		spin.For(d.busWrite)
+		start := time.Now()
 		atomic.StoreUint32(p, v)
+		spin.Until(start.Add(d.busWrite))
 		return
 	}
 	spin.For(d.trapCost)

@@ -3,8 +3,6 @@ package sim
 import (
 	"fmt"
 	"time"
-
-	"github.com/gpuvm/gpuvm/internal/spin"
 )
 
 // Timing is the board's timing model. The zero value (TimingNone) adds no
@@ -108,9 +106,3 @@ func (t Timing) copyTime(n uint64, sys bool) time.Duration {
 	}
 	return perSec(n, t.VRAMBytesPerSec)
 }
-
-// spinFor busy-waits for d (the MMIO costs are far below sleep granularity).
-func spinFor(d time.Duration) { spin.For(d) }
-
-// timeNs converts a nanosecond count.
-func timeNs(ns int64) time.Duration { return time.Duration(ns) }
