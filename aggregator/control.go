@@ -8,22 +8,22 @@ import (
 
 // VGPUInfo is one vGPU as the control API reports it.
 type VGPUInfo struct {
-	ID        int               `json:"id"`
-	DomID     uint32            `json:"domid"`
-	Name      string            `json:"name"`
-	Mode      string            `json:"mode"`
-	VRAMBase  uint64            `json:"vram_base"`
-	VRAMBytes uint64            `json:"vram_bytes"`
-	ChanBase  int               `json:"channel_base"`
-	Channels  int               `json:"channels"`
-	Counters  map[string]uint64 `json:"counters"`
+	ID        int            `json:"id"`
+	DomID     uint32         `json:"domid"`
+	Name      string         `json:"name"`
+	Mode      string         `json:"mode"`
+	VRAMBase  uint64         `json:"vram_base"`
+	VRAMBytes uint64         `json:"vram_bytes"`
+	ChanBase  int            `json:"channel_base"`
+	Channels  int            `json:"channels"`
+	Counters  map[string]any `json:"counters"`
 }
 
 // Info describes a vGPU.
 func (v *VGPU) Info() VGPUInfo {
 	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode,
 		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
-		Counters: v.Counters().Map()}
+		Counters: Report(v.Counters().Map())}
 }
 
 // ControlHandler serves the control API:

@@ -33,6 +33,27 @@ func (c Counters) Map() map[string]uint64 {
 	}
 }
 
+// Report shapes flat counters (CounterNames, or Map) for reports and the
+// control API: the per-BAR counts become barN_traps {"read": r, "write": w};
+// the others keep their names.
+func Report(flat map[string]uint64) map[string]any {
+	out := map[string]any{}
+	for k, v := range flat {
+		out[k] = v
+	}
+	for _, bar := range []string{"bar0", "bar1", "bar3"} {
+		r, rok := flat[bar+"_reads"]
+		w, wok := flat[bar+"_writes"]
+		if !rok && !wok {
+			continue
+		}
+		delete(out, bar+"_reads")
+		delete(out, bar+"_writes")
+		out[bar+"_traps"] = map[string]uint64{"read": r, "write": w}
+	}
+	return out
+}
+
 // CounterNames lists the monotonic counters in a fixed order (the IPC
 // counters call returns them in this order; a benchmark reports their
 // per-run deltas).

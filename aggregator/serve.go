@@ -68,6 +68,12 @@ func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
 func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 	h := p.Hello()
 	log := a.log.With("domid", h.DomID, "name", h.Name, "pid", p.Peer().PID)
+	if a.opts.Mode != nil {
+		if m := a.opts.Mode(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}); m != "" && m != h.Mode {
+			log.Info("mode set by configuration", "asked", h.Mode, "mode", m)
+			h.Mode = m
+		}
+	}
 	if !IsFVMode(h.Mode) {
 		log.Warn("refused", "mode", h.Mode)
 		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, FVModes()))

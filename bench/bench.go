@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
@@ -87,6 +88,23 @@ type Progress func(mode, workload string, run, runs int)
 // CounterSource snapshots a target's counters (monotonic totals).
 type CounterSource func() map[string]uint64
 
+// shapeCounters turns per-run counter deltas into the report's shape:
+// barN_reads/barN_writes become barN_traps {"read", "write"} (for a vGPU,
+// every BAR access that reached the aggregator trapped; natively they are
+// the board's MMIO counts, reported as barN_mmio).
+func shapeCounters(c map[string]uint64) map[string]any {
+	out := aggregator.Report(c)
+	if _, virt := c["scans"]; !virt {
+		for _, bar := range []string{"bar0", "bar1", "bar3"} {
+			if v, ok := out[bar+"_traps"]; ok {
+				delete(out, bar+"_traps")
+				out[bar+"_mmio"] = v
+			}
+		}
+	}
+	return out
+}
+
 // RunWorkload runs w once to warm up and then runs times on dev, and folds the
 // measured runs into a Result. counters, if not nil, is sampled around the
 // measured runs and reported per run.
@@ -123,9 +141,11 @@ func RunWorkload(ctx context.Context, mode string, dev *nouveau.Device, w worklo
 	}
 	if counters != nil {
 		after := counters()
+		perRun := map[string]uint64{}
 		for k, v := range after {
-			res.Counters[k] = (v - before[k]) / uint64(max(runs, 1))
+			perRun[k] = (v - before[k]) / uint64(max(runs, 1))
 		}
+		res.Counters = shapeCounters(perRun)
 	}
 	res.Verified = true
 	summarize(&res, all)

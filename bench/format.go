@@ -80,14 +80,18 @@ func writeCounters(w io.Writer, r Report) error {
 	}
 	fmt.Fprintln(w, "\nvirtualization counters per run:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	cols := []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes", "tlb_flushes", "scans", "ptes_scanned", "denied"}
-	fmt.Fprint(tw, "MODE\tWORKLOAD\t")
+	cols := []string{"tlb_flushes", "scans", "ptes_scanned", "shadow_ns", "denied"}
+	fmt.Fprint(tw, "MODE\tWORKLOAD\tBAR0 TRAPS R/W\tBAR1 TRAPS R/W\tBAR3 TRAPS R/W\t")
 	for _, c := range cols {
 		fmt.Fprintf(tw, "%s\t", strings.ToUpper(c))
 	}
 	fmt.Fprintln(tw)
 	for _, res := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t", res.Mode, res.Workload)
+		for _, bar := range []string{"bar0", "bar1", "bar3"} {
+			t, _ := res.Counters[bar+"_traps"].(map[string]uint64)
+			fmt.Fprintf(tw, "%d/%d\t", t["read"], t["write"])
+		}
 		for _, c := range cols {
 			fmt.Fprintf(tw, "%v\t", res.Counters[c])
 		}
