@@ -232,8 +232,17 @@ type SchedulerConfig struct {
 	BandWait Duration `toml:"band_wait"`
 	// BandPoll is BAND's poll interval while waiting.
 	BandPoll Duration `toml:"band_poll"`
-	// Timeslice is the slice length of timeslice and dfq.
+	// Timeslice is the slice length of timeslice.
 	Timeslice Duration `toml:"timeslice"`
+	// Poll is how long timeslice keeps the GPU for an idle slice holder
+	// (NEON's polling period).
+	Poll Duration `toml:"poll"`
+	// SampleTime is dfq's longest engaged sampling run per VM.
+	SampleTime Duration `toml:"sample_time"`
+	// SampleRequests ends a VM's dfq sampling run after this many requests.
+	SampleRequests int `toml:"sample_requests"`
+	// FreeRunFactor makes dfq's free run FreeRunFactor × sample_time × VMs sampled.
+	FreeRunFactor int `toml:"free_run_factor"`
 	// Watchdog kills a channel whose submission runs longer; 0 = off.
 	Watchdog Duration `toml:"watchdog"`
 }
@@ -281,12 +290,16 @@ func Default() Config {
 			Reserved:      256 * MiB,
 		},
 		Scheduler: SchedulerConfig{
-			Policy:    PolicyFIFO,
-			Period:    Duration{100 * time.Millisecond},
-			BandWait:  Duration{500 * time.Microsecond},
-			BandPoll:  Duration{50 * time.Microsecond},
-			Timeslice: Duration{30 * time.Millisecond},
-			Watchdog:  Duration{2 * time.Second},
+			Policy:         PolicyFIFO,
+			Period:         Duration{100 * time.Millisecond},
+			BandWait:       Duration{500 * time.Microsecond},
+			BandPoll:       Duration{50 * time.Microsecond},
+			Timeslice:      Duration{30 * time.Millisecond},
+			Watchdog:       Duration{2 * time.Second},
+			Poll:           Duration{time.Millisecond},
+			SampleTime:     Duration{5 * time.Millisecond},
+			SampleRequests: 32,
+			FreeRunFactor:  5,
 		},
 	}
 }

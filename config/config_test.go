@@ -664,3 +664,19 @@ func TestLimitsMatchBoard(t *testing.T) {
 		t.Error("config limits differ from gpu/nvc0")
 	}
 }
+
+func TestSchedulerNEONParameters(t *testing.T) {
+	c, err := Parse([]byte("[scheduler]\npolicy = \"dfq\"\nsample_time = \"2ms\"\nsample_requests = 8\nfree_run_factor = 3\npoll = \"500us\"\n"), "s.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Scheduler.SampleTime.Duration != 2*time.Millisecond || c.Scheduler.SampleRequests != 8 || c.Scheduler.FreeRunFactor != 3 || c.Scheduler.Poll.Duration != 500*time.Microsecond {
+		t.Errorf("scheduler = %+v", c.Scheduler)
+	}
+	_, err = Parse([]byte("[scheduler]\nsample_requests = 0\nfree_run_factor = 5000\n"), "s.toml")
+	for _, want := range []string{"s.toml:2:19: scheduler.sample_requests: 0 is outside 1..1048576", "s.toml:3:19: scheduler.free_run_factor: 5000 is outside 1..1000"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}

@@ -267,6 +267,8 @@ func (c Config) validateScheduler(v *validator) {
 		{"scheduler.band_poll", s.BandPoll, false},
 		{"scheduler.timeslice", s.Timeslice, false},
 		{"scheduler.watchdog", s.Watchdog, true},
+		{"scheduler.poll", s.Poll, false},
+		{"scheduler.sample_time", s.SampleTime, false},
 	} {
 		switch {
 		case !v.ok(d.key):
@@ -274,6 +276,14 @@ func (c Config) validateScheduler(v *validator) {
 			v.errorf([]string{d.key}, "%s is negative", d.d)
 		case d.d.Duration == 0 && !d.zeroOK:
 			v.errorf([]string{d.key}, "must be longer than 0")
+		}
+	}
+	for _, n := range []struct {
+		key       string
+		v, lo, hi int
+	}{{"scheduler.sample_requests", s.SampleRequests, 1, 1 << 20}, {"scheduler.free_run_factor", s.FreeRunFactor, 1, 1000}} {
+		if v.ok(n.key) && (n.v < n.lo || n.v > n.hi) {
+			v.errorf([]string{n.key}, "%d is outside %d..%d", n.v, n.lo, n.hi)
 		}
 	}
 	if v.ok("scheduler.band_wait", "scheduler.band_poll") && s.BandWait.Duration > 0 && s.BandPoll.Duration > s.BandWait.Duration {

@@ -193,6 +193,8 @@ func FromConfig(c config.SchedulerConfig) Params {
 		BandWait:  c.BandWait.Duration,
 		BandPoll:  c.BandPoll.Duration,
 		Timeslice: c.Timeslice.Duration,
+		Poll:      c.Poll.Duration, SampleTime: c.SampleTime.Duration,
+		SampleRequests: c.SampleRequests, FreeRunFactor: c.FreeRunFactor,
 	}
 }
 
