@@ -33,6 +33,35 @@ func openNative(t *testing.T) *bench.Native {
 	return n
 }
 
+// openDevice opens the driver with opts on a fresh board of vram bytes in
+// parts memory partitions, with 64 MiB of host RAM.
+func openDevice(t *testing.T, vram uint64, parts int, opts nouveau.Options) (*sim.Board, *nouveau.Device) {
+	t.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions = vram, parts
+	board, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { board.Close() })
+	ram, err := hostmem.New("t", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ram.Close() })
+	base, err := board.RegisterSystemMemory(ram.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram.SetBusBase(base)
+	dev, err := nouveau.Open(board, ram, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return board, dev
+}
+
 // madd runs c = a + b on n×n matrices in ctx and returns c.
 func madd(ctx *gdev.Context, a, b []uint32, n int) ([]uint32, error) {
 	fn, err := ctx.LoadFunction(nvc0.KernelMadd)
@@ -134,28 +163,7 @@ func TestFaultIsAnErrorAndStaysInItsChannel(t *testing.T) {
 
 // A fence that can never be reached returns ErrTimeout instead of hanging.
 func TestFenceTimeoutIsAnError(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.VRAMSize, cfg.MemPartitions = 256<<20, 1
-	board, err := sim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer board.Close()
-	ram, err := hostmem.New("t", 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ram.Close()
-	base, err := board.RegisterSystemMemory(ram.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ram.SetBusBase(base)
-	dev, err := nouveau.Open(board, ram, nouveau.Options{Timeout: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
+	_, dev := openDevice(t, 256<<20, 1, nouveau.Options{Timeout: 200 * time.Millisecond})
 	ctx, err := gdev.NewContext(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -183,28 +191,7 @@ func TestFenceTimeoutIsAnError(t *testing.T) {
 
 // The driver also works with every kernel object written through PRAMIN.
 func TestPRAMINPath(t *testing.T) {
-	cfg := sim.DefaultConfig()
-	cfg.VRAMSize, cfg.MemPartitions = 256<<20, 2
-	board, err := sim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer board.Close()
-	ram, err := hostmem.New("t", 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ram.Close()
-	base, err := board.RegisterSystemMemory(ram.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ram.SetBusBase(base)
-	dev, err := nouveau.Open(board, ram, nouveau.Options{PageTables: nouveau.ViaPRAMIN})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
+	board, dev := openDevice(t, 256<<20, 2, nouveau.Options{PageTables: nouveau.ViaPRAMIN})
 	if dev.VRAMSize() != 256<<20 {
 		t.Errorf("VRAM size %d", dev.VRAMSize())
 	}
