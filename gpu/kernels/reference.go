@@ -7,20 +7,17 @@ import "fmt"
 
 // MaddU32 returns a + b elementwise with wrapping uint32 addition: the host
 // reference of the madd kernel. It panics if len(a) != len(b).
-func MaddU32(a, b []uint32) []uint32 {
-	checkSameLen(a, b)
-	c := make([]uint32, len(a))
-	for i := range c {
-		c[i] = a[i] + b[i]
-	}
-	return c
-}
+func MaddU32(a, b []uint32) []uint32 { return madd(a, b) }
 
 // MaddF32 returns a + b elementwise in float32: the host reference of the
 // fmadd kernel, bit-identical to it. It panics if len(a) != len(b).
-func MaddF32(a, b []float32) []float32 {
+func MaddF32(a, b []float32) []float32 { return madd(a, b) }
+
+// madd adds elementwise (one rounding per element for float32, so it is
+// exact to the kernel's result).
+func madd[T uint32 | float32](a, b []T) []T {
 	checkSameLen(a, b)
-	c := make([]float32, len(a))
+	c := make([]T, len(a))
 	for i := range c {
 		c[i] = a[i] + b[i]
 	}

@@ -100,28 +100,33 @@ type computeState struct {
 	gridX          uint32
 }
 
+// computeFields maps each stored compute method to its field (a table,
+// never modified; LAUNCH is handled apart).
+var computeFields = map[uint32]func(*computeState) *uint32{
+	nvc0.ComputeMthdCodeAddrHi: func(s *computeState) *uint32 { return &s.codeHi },
+	nvc0.ComputeMthdCodeAddrLo: func(s *computeState) *uint32 { return &s.codeLo },
+	nvc0.ComputeMthdCBSize:     func(s *computeState) *uint32 { return &s.cbSize },
+	nvc0.ComputeMthdCBAddrHi:   func(s *computeState) *uint32 { return &s.cbHi },
+	nvc0.ComputeMthdCBAddrLo:   func(s *computeState) *uint32 { return &s.cbLo },
+	nvc0.ComputeMthdStartID:    func(s *computeState) *uint32 { return &s.startID },
+	nvc0.ComputeMthdGridDimX:   func(s *computeState) *uint32 { return &s.gridX },
+}
+
 func (c *channel) computeMethod(_ context.Context, v *vm, hva uint64, m, data uint32) error {
-	s := &c.compute
-	switch m {
-	case nvc0.ComputeMthdCodeAddrHi:
-		s.codeHi = data
-	case nvc0.ComputeMthdCodeAddrLo:
-		s.codeLo = data
-	case nvc0.ComputeMthdCBSize:
-		s.cbSize = data
-	case nvc0.ComputeMthdCBAddrHi:
-		s.cbHi = data
-	case nvc0.ComputeMthdCBAddrLo:
-		s.cbLo = data
-	case nvc0.ComputeMthdStartID:
-		s.startID = data
-	case nvc0.ComputeMthdGridDimX:
-		s.gridX = data
-	case nvc0.ComputeMthdLaunch:
+	if m == nvc0.ComputeMthdLaunch {
 		return c.launch(v, hva)
-	default:
+	}
+	return storeMethod(computeFields, &c.compute, hva, m, data)
+}
+
+// storeMethod stores a method's data in the state field the table names, or
+// faults on a method the class does not have.
+func storeMethod[S any](fields map[uint32]func(*S) *uint32, s *S, hva uint64, m, data uint32) error {
+	f, ok := fields[m]
+	if !ok {
 		return methodFault(hva)
 	}
+	*f(s) = data
 	return nil
 }
 
@@ -184,31 +189,23 @@ type copyState struct {
 	lineLen, lineCount       uint32
 }
 
+// copyFields maps each stored copy method to its field (LAUNCH_DMA apart).
+var copyFields = map[uint32]func(*copyState) *uint32{
+	nvc0.CopyMthdOffsetInHi:   func(s *copyState) *uint32 { return &s.inHi },
+	nvc0.CopyMthdOffsetInLo:   func(s *copyState) *uint32 { return &s.inLo },
+	nvc0.CopyMthdOffsetOutHi:  func(s *copyState) *uint32 { return &s.outHi },
+	nvc0.CopyMthdOffsetOutLo:  func(s *copyState) *uint32 { return &s.outLo },
+	nvc0.CopyMthdPitchIn:      func(s *copyState) *uint32 { return &s.pitchIn },
+	nvc0.CopyMthdPitchOut:     func(s *copyState) *uint32 { return &s.pitchOut },
+	nvc0.CopyMthdLineLengthIn: func(s *copyState) *uint32 { return &s.lineLen },
+	nvc0.CopyMthdLineCount:    func(s *copyState) *uint32 { return &s.lineCount },
+}
+
 func (c *channel) copyMethod(_ context.Context, v *vm, hva uint64, m, data uint32) error {
-	s := &c.copy
-	switch m {
-	case nvc0.CopyMthdOffsetInHi:
-		s.inHi = data
-	case nvc0.CopyMthdOffsetInLo:
-		s.inLo = data
-	case nvc0.CopyMthdOffsetOutHi:
-		s.outHi = data
-	case nvc0.CopyMthdOffsetOutLo:
-		s.outLo = data
-	case nvc0.CopyMthdPitchIn:
-		s.pitchIn = data
-	case nvc0.CopyMthdPitchOut:
-		s.pitchOut = data
-	case nvc0.CopyMthdLineLengthIn:
-		s.lineLen = data
-	case nvc0.CopyMthdLineCount:
-		s.lineCount = data
-	case nvc0.CopyMthdLaunchDMA:
+	if m == nvc0.CopyMthdLaunchDMA {
 		return c.copyLaunch(v, hva)
-	default:
-		return methodFault(hva)
 	}
-	return nil
+	return storeMethod(copyFields, &c.copy, hva, m, data)
 }
 
 // copyLaunch runs a pitch-linear copy on a copy engine.

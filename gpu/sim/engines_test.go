@@ -182,17 +182,24 @@ func TestKernelFaults(t *testing.T) {
 	}
 }
 
-func TestPGRAPHBusyWhileKernelRuns(t *testing.T) {
-	r := newRig(t)
+// holdCompute occupies the compute engine with an operation that ends when
+// unblock is called (at the latest when the test ends); done reports it.
+func holdCompute(t *testing.T, r *rig) (unblock func(), done chan error) {
 	release, started := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
+	unblock = func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock) // registered after the rig's Close, so it runs first
-	done := make(chan error)
+	done = make(chan error)
 	go func() {
 		done <- r.b.do(r.b.compute, func() error { close(started); <-release; return nil })
 	}()
 	<-started
+	return unblock, done
+}
+
+func TestPGRAPHBusyWhileKernelRuns(t *testing.T) {
+	r := newRig(t)
+	unblock, done := holdCompute(t, r)
 	if r.b.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) == 0 {
 		t.Error("PGRAPH idle while the compute engine runs")
 	}
@@ -227,15 +234,7 @@ func TestTimingFermiEndToEnd(t *testing.T) {
 
 func TestKillWaitsForEngineOperation(t *testing.T) {
 	r := newRig(t)
-	release, started := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // registered after the rig's Close, so it runs first
-	done := make(chan error)
-	go func() {
-		done <- r.b.do(r.b.compute, func() error { close(started); <-release; return nil })
-	}()
-	<-started
+	unblock, done := holdCompute(t, r)
 	for r.b.compute.queued.Load() != 0 { // our own hand-over is accounted for
 	}
 	c := r.newChan(0, nil)
