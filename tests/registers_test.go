@@ -1,0 +1,51 @@
+package tests
+
+import (
+	"testing"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// TestDeniedRegisters: writes a VM may not make — PMC_ENABLE (engines off for
+// everyone), PTIMER, unknown offsets, FECS commands other than a bind of its
+// own channel — are denied and counted and change nothing on the board; the
+// honest VM keeps computing.
+func TestDeniedRegisters(t *testing.T) {
+	s := newSceneWith(t, "fv-naive", false)
+	e, r := s.e, s.a.r
+	unknown := []uint32{0x000004, 0x000140, 0x001000, 0x00C000, 0x022400, 0x100000, 0x610000, 0x1FFFFFC}
+	rounds := untilDone(s.honest, 2, func(int) {
+		before := e.denied(t, "attacker")
+		n := uint64(0)
+		r.wr(nvc0.RegPMCEnable, 0) // emulated per VM: must not reach the board
+		r.wr(nvc0.RegTimerLow, 0)
+		r.wr(nvc0.RegTimerHigh, 0xFFFFFFFF)
+		n += 2
+		for _, off := range unknown {
+			r.wr(off, 0xFFFFFFFF)
+			if v := r.rd(off); v != 0 {
+				t.Errorf("read of unknown register %#x = %#x, want 0", off, v)
+			}
+			n += 2
+		}
+		for _, cmd := range []uint32{0, 1, 2, 4, 0xFFFFFFFF} {
+			r.wr(nvc0.RegFECSData, nvc0.FECSBindValid|0x1234)
+			r.wr(nvc0.RegFECSCmd, cmd)
+			n++
+		}
+		r.sync()
+		e.expectDenied(t, "attacker", before, n, "denied registers")
+		if v := e.board.Read32(nvc0.BAR0, nvc0.RegPMCEnable); v != 0xFFFFFFFF {
+			t.Errorf("board PMC_ENABLE = %#x after a guest wrote 0", v)
+		}
+		if hi := e.board.Read32(nvc0.BAR0, nvc0.RegTimerHigh); hi == 0xFFFFFFFF {
+			t.Errorf("a guest PTIMER write reached the board (timer high word %#x)", hi)
+		}
+		if st := r.rd(nvc0.RegFECSStatus); st&nvc0.FECSDone != 0 {
+			r.wr(nvc0.RegFECSClear, st)
+			t.Errorf("a denied FECS command reported done")
+		}
+	})
+	t.Logf("%d rounds", rounds)
+	s.honest.verified(t)
+}
