@@ -109,6 +109,25 @@ func testLogger() *slog.Logger {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, envOptions{})
+}
+
+// envOptions adjust the aggregator of a test environment. Zero values keep
+// the defaults of newEnv.
+type envOptions struct {
+	// Logger receives the aggregator's log (default: testLogger()).
+	Logger *slog.Logger
+	// Watchdog kills channels whose submission runs longer (0: never).
+	Watchdog time.Duration
+	// Quota narrows a guest's slot (channels, VRAM bytes), as [[vm]] does.
+	Quota func(aggregator.Guest) (int, uint64)
+	// Modify, if set, may change any other aggregator option.
+	Modify func(*aggregator.Options)
+}
+
+// newEnvWith is newEnv with options.
+func newEnvWith(t *testing.T, o envOptions) *env {
+	t.Helper()
 	part := config.PartitionConfig{VRAMPerVM: vramPerVM, ChannelsPerVM: chansPerVM,
 		BAR1PerVM: bar1PerVM, BAR3PerVM: bar3PerVM, Reserved: reservedSz}
 	cfg := sim.DefaultConfig()
@@ -123,8 +142,16 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { board.Close() })
-	agg, err := aggregator.New(board, aggregator.Options{Partition: part, MaxVMs: maxVMs, Channels: cfg.Channels,
-		Timeout: 5 * time.Second, Logger: testLogger()})
+	logger := o.Logger
+	if logger == nil {
+		logger = testLogger()
+	}
+	opts := aggregator.Options{Partition: part, MaxVMs: maxVMs, Channels: cfg.Channels,
+		Timeout: 5 * time.Second, Logger: logger, Watchdog: o.Watchdog, Quota: o.Quota}
+	if o.Modify != nil {
+		o.Modify(&opts)
+	}
+	agg, err := aggregator.New(board, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
