@@ -1,6 +1,6 @@
 // Package hwseq holds the short register sequences a Fermi driver performs,
 // written once as nouveau performs them: TLB flush, playlist submission, FECS
-// context bind, channel kill. Both the guest driver (on its virtual GPU) and
+// context bind, channel stop and preempt. Both the guest driver (on its virtual GPU) and
 // the aggregator (on the physical one) run them, over gpu.MMIO.
 package hwseq
 
@@ -73,8 +73,28 @@ func FECSBind(m gpu.MMIO, ramin uint64, timeout time.Duration) error {
 	return Wait(m, "FECS bind", nvc0.RegFECSStatus, timeout, func(v uint32) bool { return v&nvc0.FECSDone != 0 })
 }
 
-// KillChannel kills channel ch and waits until the GPU reports it done.
-func KillChannel(m gpu.MMIO, ch int, timeout time.Duration) error {
-	wr(m, nvc0.RegChanKill, uint32(ch))
-	return Wait(m, "channel kill", nvc0.RegChanKill, timeout, func(v uint32) bool { return v == uint32(ch) })
+// DisableChannel clears channel ch's enable bit, as nouveau's
+// gf100_chan_stop does: the channel fetches nothing new, but what it runs
+// keeps running until it is preempted.
+func DisableChannel(m gpu.MMIO, ch int) {
+	ctl := m.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(ch)))
+	wr(m, nvc0.ChanCtl(ch), ctl&^nvc0.ChanCtlEnable)
+}
+
+// Preempt takes channel ch's context off the engines (gf100_chan_preempt)
+// and waits until the preempt is no longer pending
+// (gf100_runl_preempt_pending). Callers serialise preempts: the register is
+// one for the whole board.
+func Preempt(m gpu.MMIO, ch int, timeout time.Duration) error {
+	wr(m, nvc0.RegPreempt, uint32(ch))
+	return Wait(m, fmt.Sprintf("preempt of channel %d", ch), nvc0.RegPreempt, timeout,
+		func(v uint32) bool { return v&nvc0.PreemptPending == 0 })
+}
+
+// StopChannel stops channel ch: DisableChannel, then Preempt. When it
+// returns nil the channel runs nothing and fetches nothing; a driver then
+// takes it off the playlist and may reuse what it used.
+func StopChannel(m gpu.MMIO, ch int, timeout time.Duration) error {
+	DisableChannel(m, ch)
+	return Preempt(m, ch, timeout)
 }

@@ -17,7 +17,14 @@ const (
 	RegPlaylistAddr   = 0x002270 // playlist (runlist) VRAM address >> 12
 	RegPlaylistSubmit = 0x002274 // PlaylistSubmitEncode(count); writing it submits the playlist
 	RegPlaylistStatus = 0x00227C // bit PlaylistPending set while an update is in flight
-	RegChanKill       = 0x002634 // write a channel id to kill it; reads back the id when done
+	// RegPreempt preempts a channel: write its id; PreemptPending reads set
+	// until the channel's context is off the engines (nouveau
+	// gf100_chan_preempt, gf100_runl_preempt_pending).
+	RegPreempt = 0x002634
+	// RegEngineStatus0 is the first per-engine status register (nouveau
+	// gf100_engn_status: 0x002640 + engine*4): EngineStatusBusy while the
+	// engine holds a channel's context, and that channel's id.
+	RegEngineStatus0 = 0x002640
 
 	// sim: MMU fault report, after the shape of Fermi's PFIFO fault-info registers
 	// (0x2800 + unit*0x10). The board keeps one report: the newest fault.
@@ -85,6 +92,9 @@ const (
 	PlaylistEngineAll = 0x01F00000 // the engine mask nouveau writes beside the count
 	PlaylistPending   = 0x00100000
 	PlaylistEntrySize = 8
+	// PlaylistEntryWord1 is the second word of a playlist entry (the first
+	// is the channel id), as nouveau's gf100_runl_insert_chan writes it.
+	PlaylistEntryWord1 = 0x00000004
 
 	PFIFOIntrMMUFault = 0x10000000
 	PFIFOIntrChanErr  = 0x00000100 // sim: a channel stopped on a method or watchdog error
@@ -110,9 +120,15 @@ const (
 
 	// PGRAPHStatusBusy is what RegPGRAPHStatus reads while a kernel runs.
 	PGRAPHStatusBusy = 0x00000001
-	// ChanKillPending is what RegChanKill reads while a kill is in progress
-	// (sim: no channel id reads all-ones).
-	ChanKillPending = 0xFFFFFFFF
+	// PreemptPending is set in RegPreempt while a preempt is in progress;
+	// the low bits read back the channel id written.
+	PreemptPending  = 0x00100000
+	PreemptChanMask = 0x0000007F
+
+	// EngineStatusBusy and EngineStatusChanMask decode RegEngineStatus(e)
+	// (nouveau gf100_engn_status: busy 0x10000000, chid 0x7f).
+	EngineStatusBusy     = 0x10000000
+	EngineStatusChanMask = 0x0000007F
 
 	FECSCmdBindPointer = 0x00000003 // bind a channel's graphics/compute context
 	FECSBindValid      = 0x80000000
@@ -127,7 +143,7 @@ const (
 	FaultReasonLimit    = 0x4 // beyond the address-space limit (RAMIN +0x208)
 	FaultReasonTarget   = 0x5 // the target (VRAM or system memory) has nothing at that address
 	FaultReasonMethod   = 0x6 // sim: invalid method or class on the channel
-	FaultReasonKilled   = 0x7 // sim: channel killed (RegChanKill or the watchdog)
+	FaultReasonKilled   = 0x7 // sim: channel stopped by the hypervisor (its watchdog); only a vGPU reports it
 )
 
 // FaultReasonName names a fault reason for error messages.
@@ -162,7 +178,7 @@ const (
 
 	ChanCtlEnable  = 0x00000001
 	ChanCtlDefault = 0x001F0001 // what nouveau writes to enable a channel
-	// sim: the board reports a stopped (faulted or killed) channel in bit 28 of the
+	// sim: the board reports a faulted channel in bit 28 of the
 	// control word; the driver reads it to turn a hung fence into an error.
 	ChanCtlFaulted = 0x10000000
 	ChanCtlBusy    = 0x01000000 // sim: the channel has unfetched GPFIFO entries or a running command
@@ -183,6 +199,17 @@ func ChanFromTableOffset(off uint32) (ch int, word int, ok bool) {
 	rel := off - RegChanTable
 	return int(rel / ChanTableStride), int(rel%ChanTableStride) / 4, true
 }
+
+// PFIFO engine ids, the index of RegEngineStatus (nouveau
+// gf100_fifo_runl_ctor: GR 0, MSPDEC 1, MSPPP 2, MSVLD 3, CE0 4, CE1 5).
+const (
+	EngineGR  = 0
+	EngineCE0 = 4
+	EngineCE1 = 5
+)
+
+// RegEngineStatus returns the BAR0 offset of PFIFO engine e's status word.
+func RegEngineStatus(e int) uint32 { return RegEngineStatus0 + uint32(e)*4 }
 
 // MemPartSize returns the BAR0 offset of memory partition i's size register.
 func MemPartSize(i int) uint32 { return RegMemPartSize0 + uint32(i)*MemPartStride }

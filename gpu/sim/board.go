@@ -65,10 +65,11 @@ type Board struct {
 	timing Timing
 	start  time.Time
 
-	vram *vram
-	sys  sysmem
-	mmu  *mmu
-	regs regTable
+	vram  *vram
+	sys   sysmem
+	sysMu sync.RWMutex // pins system memory during accesses (phys.go)
+	mmu   *mmu
+	regs  regTable
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -81,6 +82,13 @@ type Board struct {
 
 	st counters
 	r  regState
+
+	// afterWalk, if set (by this package's tests only), runs between a
+	// TLB miss's page walk and the caching of its result.
+	afterWalk func()
+	// inDMA, if set (by this package's tests only), runs inside a copy
+	// engine's pinned section, between the lookup and the move.
+	inDMA func()
 
 	chans   []*channel
 	fifo    fifoState
@@ -113,9 +121,9 @@ func New(cfg Config) (*Board, error) {
 	for i := range b.chans {
 		b.chans[i] = newChannel(b, i)
 	}
-	b.regs = b.buildRegs()
 	b.compute = b.startEngine("compute", 1, &b.r.pgraphBusy)
 	b.copy = b.startEngine("copy", numCopyEngines, nil)
+	b.regs = b.buildRegs()
 	return b, nil
 }
 

@@ -12,7 +12,7 @@
 //     memory), each given a 1 GiB aligned machine address.
 //   - BAR0 is a table of register handlers (regs.go): PMC, the PRAMIN window,
 //     the BAR1/BAR3 channel instances, PFIFO (channel table, playlist, poll
-//     area, kill, fault report, interrupts), the flush and TLB-flush
+//     area, preempt, engine status, fault report, interrupts), the flush and TLB-flush
 //     registers, PTIMER, the memory partition registers, the copy-engine
 //     instances, PGRAPH status and the FECS command interface. Other offsets
 //     read 0, drop writes and are counted.
@@ -30,7 +30,21 @@
 //   - Engines (engines.go) run asynchronously and non-preemptively: one
 //     compute engine (one kernel at a time, FIFO) and two copy engines.
 //   - A fault stops only the faulting channel and is reported in the fault
-//     registers and PFIFO_INTR; there is no restart except kill + re-enable.
+//     registers and PFIFO_INTR; there is no restart except disable +
+//     re-enable.
+//   - A preempt (RegPreempt) takes a channel off the engines: its run ends
+//     at the next method boundary and the engine operation in progress is
+//     abandoned (kernels check between blocks of work, copies between
+//     pages), which folds nouveau's recovery of a channel that will not
+//     preempt (context-switch timeout, engine reset) into the preempt.
+//     nouveau's stop sequence — clear the enable bit, update the playlist,
+//     preempt, wait for the pending bit — therefore always ends in bounded
+//     time, and once it has, the channel touches no memory.
+//   - System memory is pinned page by page while engines move it:
+//     UnregisterSystemMemory waits for the page in flight, so a VM's RAM
+//     can be unmapped safely even if a channel still names it. A TLB flush
+//     waits for the page walks in flight, so no stale translation is cached
+//     after it.
 //   - A timing model (timing.go) can make MMIO, kernels and copies cost what
 //     they cost on a Fermi board in a PCIe 2.0 slot.
 //

@@ -14,19 +14,25 @@ import (
 
 // Engines run work items handed over by channel workers, in their own
 // goroutines, one item at a time per engine, in the order they were handed
-// over, and without preemption. The channel worker waits for its item before
-// it continues, so work within a channel stays in order while channels using
-// different engines overlap.
+// over, and without preemption by other channels. The channel worker waits
+// for its item before it continues, so work within a channel stays in order
+// while channels using different engines overlap. An item runs under its
+// channel's run context: a preempt of the channel cancels it, and the item
+// stops at its next check (kernels between blocks of work, copies between
+// pages, timing-model waits at once).
 
 // engine is a pool of identical engine goroutines fed by one FIFO queue.
 type engine struct {
 	name   string
 	reqs   chan *job
-	queued atomic.Int32 // submitters waiting for the engine to take their item
+	queued atomic.Int32   // submitters waiting for the engine to take their item
+	cur    []atomic.Int32 // per engine goroutine: channel id + 1 of the item it runs, 0 when idle
 }
 
 type job struct {
-	run  func() error
+	ctx  context.Context
+	ch   int
+	run  func(ctx context.Context) error
 	err  error
 	done chan struct{}
 }
@@ -34,8 +40,8 @@ type job struct {
 // startEngine starts workers goroutines serving one queue; busy (if not nil)
 // counts the items in progress.
 func (b *Board) startEngine(name string, workers int, busy *atomic.Int32) *engine {
-	e := &engine{name: name, reqs: make(chan *job)}
-	for range workers {
+	e := &engine{name: name, reqs: make(chan *job), cur: make([]atomic.Int32, workers)}
+	for w := range workers {
 		b.goTracked(func() {
 			for {
 				select {
@@ -45,7 +51,9 @@ func (b *Board) startEngine(name string, workers int, busy *atomic.Int32) *engin
 					if busy != nil {
 						busy.Add(1)
 					}
-					j.err = j.run()
+					e.cur[w].Store(int32(j.ch) + 1)
+					j.err = j.run(j.ctx)
+					e.cur[w].Store(0)
 					if busy != nil {
 						busy.Add(-1)
 					}
@@ -57,31 +65,41 @@ func (b *Board) startEngine(name string, workers int, busy *atomic.Int32) *engin
 	return e
 }
 
-// do hands run to the engine and waits for it to finish. Only Close
-// interrupts the wait: engines are not preemptible.
-func (b *Board) do(e *engine, run func() error) error {
-	j := &job{run: run, done: make(chan struct{})}
+// status returns the reader of engine goroutine w's PFIFO engine status
+// word: EngineStatusBusy and the channel id while it runs an item.
+func (e *engine) status(w int) func() uint32 {
+	return func() uint32 {
+		if c := e.cur[w].Load(); c != 0 {
+			return nvc0.EngineStatusBusy | uint32(c-1)&nvc0.EngineStatusChanMask
+		}
+		return 0
+	}
+}
+
+// do hands run to the engine on behalf of channel ch and waits for it to
+// finish. If ctx ends (the channel was preempted, or the board closes)
+// before the engine takes the item, it is dropped; once taken, do waits for
+// it to end, which it does promptly once ctx is done — so when do returns,
+// the engine no longer touches the channel's memory.
+func (b *Board) do(ctx context.Context, e *engine, ch int, run func(ctx context.Context) error) error {
+	j := &job{ctx: ctx, ch: ch, run: run, done: make(chan struct{})}
 	e.queued.Add(1)
 	select {
 	case e.reqs <- j:
 		e.queued.Add(-1)
-	case <-b.ctx.Done():
+	case <-ctx.Done():
 		e.queued.Add(-1)
-		return fmt.Errorf("%s engine: %w", e.name, errClosed)
+		return fmt.Errorf("%s engine: %w", e.name, ctx.Err())
 	}
-	select {
-	case <-j.done:
-		return j.err
-	case <-b.ctx.Done():
-		return fmt.Errorf("%s engine: %w", e.name, errClosed)
-	}
+	<-j.done
+	return j.err
 }
 
 // modelWait stretches work that started at start to last at least d,
-// giving up early if the board closes.
-func (b *Board) modelWait(start time.Time, d time.Duration) {
+// giving up early if ctx ends.
+func (b *Board) modelWait(ctx context.Context, start time.Time, d time.Duration) {
 	deadline := start.Add(d)
-	for b.ctx.Err() == nil {
+	for ctx.Err() == nil {
 		left := time.Until(deadline)
 		if left <= spin.SleepAbove {
 			spin.Until(deadline)
@@ -112,9 +130,9 @@ var computeFields = map[uint32]func(*computeState) *uint32{
 	nvc0.ComputeMthdGridDimX:   func(s *computeState) *uint32 { return &s.gridX },
 }
 
-func (c *channel) computeMethod(_ context.Context, v *vm, hva uint64, m, data uint32) error {
+func (c *channel) computeMethod(ctx context.Context, v *vm, hva uint64, m, data uint32) error {
 	if m == nvc0.ComputeMthdLaunch {
-		return c.launch(v, hva)
+		return c.launch(ctx, v, hva)
 	}
 	return storeMethod(computeFields, &c.compute, hva, m, data)
 }
@@ -141,7 +159,7 @@ func (m kernelMem) WriteAt(p []byte, va uint64) error { return m.b.vmWrite(m.v, 
 
 // launch reads the code object and parameters and runs the kernel on the
 // compute engine.
-func (c *channel) launch(v *vm, hva uint64) error {
+func (c *channel) launch(ctx context.Context, v *vm, hva uint64) error {
 	b, s := c.b, &c.compute
 	codeVA := uint64(s.codeHi)<<32 | uint64(s.codeLo) + uint64(s.startID)
 	var obj [nvc0.KernelObjectSize]byte
@@ -163,20 +181,23 @@ func (c *channel) launch(v *vm, hva uint64) error {
 	for i := range params {
 		params[i] = uint64(load32(cb[8*i:])) | uint64(load32(cb[8*i+4:]))<<32
 	}
-	return b.do(b.compute, func() error {
+	return b.do(ctx, b.compute, c.id, func(ctx context.Context) error {
 		start := time.Now()
-		cost, err := kernels.Run(b.ctx, nvc0.KernelID(id), params, kernelMem{b, v})
+		cost, err := kernels.Run(ctx, nvc0.KernelID(id), params, kernelMem{b, v})
 		if err != nil {
 			var fe *faultError
 			switch {
 			case errors.As(err, &fe):
 				return fe
-			case b.ctx.Err() != nil:
+			case ctx.Err() != nil:
 				return fmt.Errorf("kernel %v: %w", nvc0.KernelID(id), err)
 			}
 			return methodFault(codeVA) // unknown kernel or bad parameters
 		}
-		b.modelWait(start, b.timing.kernelTime(cost.Ops, cost.Bytes))
+		b.modelWait(ctx, start, b.timing.kernelTime(cost.Ops, cost.Bytes))
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("kernel %v: %w", nvc0.KernelID(id), err)
+		}
 		b.st.kernels.Add(1)
 		return nil
 	})
@@ -201,15 +222,15 @@ var copyFields = map[uint32]func(*copyState) *uint32{
 	nvc0.CopyMthdLineCount:    func(s *copyState) *uint32 { return &s.lineCount },
 }
 
-func (c *channel) copyMethod(_ context.Context, v *vm, hva uint64, m, data uint32) error {
+func (c *channel) copyMethod(ctx context.Context, v *vm, hva uint64, m, data uint32) error {
 	if m == nvc0.CopyMthdLaunchDMA {
-		return c.copyLaunch(v, hva)
+		return c.copyLaunch(ctx, v, hva)
 	}
 	return storeMethod(copyFields, &c.copy, hva, m, data)
 }
 
 // copyLaunch runs a pitch-linear copy on a copy engine.
-func (c *channel) copyLaunch(v *vm, hva uint64) error {
+func (c *channel) copyLaunch(ctx context.Context, v *vm, hva uint64) error {
 	b, s := c.b, c.copy
 	total := uint64(s.lineLen) * uint64(s.lineCount)
 	if total > nvc0.MaxCopyBytes {
@@ -220,26 +241,27 @@ func (c *channel) copyLaunch(v *vm, hva uint64) error {
 	}
 	in := uint64(s.inHi)<<32 | uint64(s.inLo)
 	out := uint64(s.outHi)<<32 | uint64(s.outLo)
-	return b.do(b.copy, func() error {
+	return b.do(ctx, b.copy, c.id, func(ctx context.Context) error {
 		start := time.Now()
 		sys := false
 		for line := range uint64(s.lineCount) {
 			src, dst := in+line*uint64(s.pitchIn), out+line*uint64(s.pitchOut)
 			for left := uint64(s.lineLen); left > 0; {
-				from, fsys, err := b.vmSlice(v, src, left, false)
+				if err := ctx.Err(); err != nil {
+					return fmt.Errorf("copy: %w", err)
+				}
+				n, touchedSys, err := b.vmCopy(v, dst, src, left)
 				if err != nil {
 					return err
 				}
-				to, tsys, err := b.vmSlice(v, dst, uint64(len(from)), true)
-				if err != nil {
-					return err
-				}
-				n := uint64(copy(to, from))
-				sys = sys || fsys || tsys
+				sys = sys || touchedSys
 				src, dst, left = src+n, dst+n, left-n
 			}
 		}
-		b.modelWait(start, b.timing.copyTime(total, sys))
+		b.modelWait(ctx, start, b.timing.copyTime(total, sys))
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("copy: %w", err)
+		}
 		b.st.copies.Add(1)
 		b.st.bytesCopied.Add(total)
 		return nil

@@ -2,11 +2,16 @@ package sim
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/gpu/hwseq"
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
@@ -191,7 +196,7 @@ func holdCompute(t *testing.T, r *rig) (unblock func(), done chan error) {
 	t.Cleanup(unblock) // registered after the rig's Close, so it runs first
 	done = make(chan error)
 	go func() {
-		done <- r.b.do(r.b.compute, func() error { close(started); <-release; return nil })
+		done <- r.b.do(context.Background(), r.b.compute, 99, func(context.Context) error { close(started); <-release; return nil })
 	}()
 	<-started
 	return unblock, done
@@ -232,9 +237,12 @@ func TestTimingFermiEndToEnd(t *testing.T) {
 	}
 }
 
-func TestKillWaitsForEngineOperation(t *testing.T) {
+func TestPreemptDropsQueuedEngineOperation(t *testing.T) {
 	r := newRig(t)
 	unblock, done := holdCompute(t, r)
+	if st := r.b.Read32(nvc0.BAR0, uint64(nvc0.RegEngineStatus(nvc0.EngineGR))); st != nvc0.EngineStatusBusy|99 {
+		t.Fatalf("GR engine status %#x while channel 99's item runs", st)
+	}
 	for r.b.compute.queued.Load() != 0 { // our own hand-over is accounted for
 	}
 	c := r.newChan(0, nil)
@@ -242,20 +250,143 @@ func TestKillWaitsForEngineOperation(t *testing.T) {
 	c.push(cat(kernelLaunch(r, c, nvc0.KernelNop, nvc0.KernelMagic), semRelease(chanDataVA, 1))...)
 	for r.b.compute.queued.Load() == 0 { // the channel is handing its kernel over
 	}
-	r.b.Write32(nvc0.BAR0, nvc0.RegChanKill, uint32(c.id))
-	if c.waitKill() {
-		t.Fatal("kill completed while the channel's engine operation is outstanding")
+	hwseq.DisableChannel(r.b, c.id)
+	if err := hwseq.Preempt(r.b, c.id, 5*time.Second); err != nil {
+		t.Fatalf("preempt of a channel waiting for the engine: %v", err)
 	}
 	unblock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	for !c.waitKill() {
-	}
-	if r.b.Stats().KernelsRun != 1 {
-		t.Error("the handed-over kernel did not run to completion")
+	if r.b.Stats().KernelsRun != 0 {
+		t.Error("the preempted channel's kernel ran")
 	}
 	if r.r32(pa) != 0 {
-		t.Error("the killed channel kept executing methods")
+		t.Error("the preempted channel kept executing methods")
+	}
+	if c.ctl()&nvc0.ChanCtlFaulted != 0 {
+		t.Error("a preempt reported a fault")
+	}
+}
+
+func TestPreemptAbortsRunningKernel(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	pa := c.semPage()
+	// 2^40 iterations: hours of work unless the preempt ends it.
+	c.push(cat(kernelLaunch(r, c, nvc0.KernelLoop, nvc0.KernelMagic, nvc0.MaxKernelLoopIterations, chanDataVA+8), semRelease(chanDataVA, 1))...)
+	gr := uint64(nvc0.RegEngineStatus(nvc0.EngineGR))
+	for r.b.Read32(nvc0.BAR0, gr) != nvc0.EngineStatusBusy|uint32(c.id) {
+	}
+	if err := hwseq.StopChannel(r.b, c.id, 10*time.Second); err != nil {
+		t.Fatalf("stop of a channel running a 2^40-iteration kernel: %v", err)
+	}
+	if st := r.b.Read32(nvc0.BAR0, gr); st != 0 {
+		t.Errorf("GR engine status %#x after the stop", st)
+	}
+	if r.r32(pa) != 0 || r.b.Stats().KernelsRun != 0 {
+		t.Error("the kernel completed or the channel went on")
+	}
+	if r.b.Stats().Preempts != 1 {
+		t.Errorf("preempts %d", r.b.Stats().Preempts)
+	}
+}
+
+// TestUnregisterWaitsForDMA: system memory unregistered (and then unmapped,
+// as the aggregator does at a VM's teardown) while a copy engine moves a
+// page of it must not crash the board: the unregister waits for the page
+// being moved, and the copy then faults on the next one.
+func TestUnregisterWaitsForDMA(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	const size = 1 << 20
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := r.b.RegisterSystemMemory(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.s.mapSys(sysVA, base, size)
+	c.s.mapVRAM(vramVA, nvc0.PageSize)
+	moving, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.b.inDMA = func() {
+		once.Do(func() {
+			close(moving)
+			<-release
+		})
+	}
+	// Every page of the region into the same VRAM page.
+	c.push(cat(bind(3, nvc0.ClassFermiCopy), copyCmd(3, sysVA, vramVA, nvc0.PageSize, 0, nvc0.PageSize, size/nvc0.PageSize))...)
+	<-moving
+	unregistered := make(chan error, 1)
+	go func() { unregistered <- r.b.UnregisterSystemMemory(base) }()
+	select {
+	case <-unregistered:
+		close(release)
+		t.Fatal("UnregisterSystemMemory returned while a copy engine was moving a page of the region")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-unregistered; err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	c.mustFault()
+	if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != nvc0.FaultReasonTarget {
+		t.Errorf("fault status %#x, want a target fault", st)
+	}
+}
+
+// TestFlushOrdersAfterWalks: a TLB flush completes only after the page
+// walks in flight, so a translation read from a page table before the flush
+// is never cached after it. A walk is held between reading the old PTE and
+// caching it while the page is remapped and the TLB flushed; once the flush
+// returns, a read must see the new page.
+func TestFlushOrdersAfterWalks(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	pa := c.s.mapVRAM(vramVA, nvc0.PageSize)
+	pb := r.alloc(nvc0.PageSize, nvc0.PageSize)
+	r.w32(pa, 1)
+	r.w32(pb, 2)
+	v := r.b.vmFromRAMIN(c.ramin, false)
+	walked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.b.afterWalk = func() {
+		once.Do(func() {
+			close(walked)
+			<-release
+		})
+	}
+	reader := make(chan struct{})
+	go func() { // walks the old PTE, then waits
+		defer close(reader)
+		r.b.vmRead32(v, vramVA)
+	}()
+	<-walked
+	c.s.mapPage(vramVA, pb, nvc0.TargetVRAM, false, false)
+	flushed := make(chan struct{})
+	go func() {
+		r.b.mmu.flush(v.pd, true, false)
+		close(flushed)
+	}()
+	select {
+	case <-flushed:
+		close(release)
+		<-reader
+		t.Fatal("the TLB flush completed while a page walk that read the old page table was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-flushed
+	<-reader
+	r.b.afterWalk = nil
+	if got, err := r.b.vmRead32(v, vramVA); err != nil || got != 2 {
+		t.Fatalf("read %d (%v) after the flush, want 2 from the new page: a stale translation survived the flush", got, err)
 	}
 }

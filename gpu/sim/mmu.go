@@ -38,8 +38,14 @@ type tlbEntry struct {
 }
 
 type addrSpace struct {
-	mu  sync.Mutex
-	tlb map[uint64]tlbEntry // va >> PageShift -> translation
+	// walks is held for reading by a TLB miss from its page walk until its
+	// result is cached, and for writing by a flush: a flush completes only
+	// after the walks in flight, so no walk that read a page table before
+	// the flush caches its result after it (a real MMU's invalidate is
+	// likewise ordered after outstanding walks).
+	walks sync.RWMutex
+	mu    sync.Mutex
+	tlb   map[uint64]tlbEntry // va >> PageShift -> translation
 }
 
 type spaceKey struct {
@@ -82,9 +88,11 @@ func (m *mmu) flush(pd uint64, vm, bar bool) {
 		as := m.spaces[k]
 		m.mu.Unlock()
 		if as != nil {
+			as.walks.Lock()
 			as.mu.Lock()
 			clear(as.tlb)
 			as.mu.Unlock()
+			as.walks.Unlock()
 		}
 	}
 }
@@ -118,19 +126,26 @@ func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
 	} else {
 		b.st.tlbMisses.Add(1)
 		var reason uint32
+		v.as.walks.RLock()
 		e, reason = b.walk(v.pd, va)
+		if b.afterWalk != nil {
+			b.afterWalk()
+		}
+		if reason == 0 {
+			v.as.mu.Lock()
+			if len(v.as.tlb) >= tlbMaxEntries {
+				for k := range v.as.tlb { // evict an arbitrary entry
+					delete(v.as.tlb, k)
+					break
+				}
+			}
+			v.as.tlb[key] = e
+			v.as.mu.Unlock()
+		}
+		v.as.walks.RUnlock()
 		if reason != 0 {
 			return phys{}, &faultError{va: va, reason: reason, write: write}
 		}
-		v.as.mu.Lock()
-		if len(v.as.tlb) >= tlbMaxEntries {
-			for k := range v.as.tlb { // evict an arbitrary entry
-				delete(v.as.tlb, k)
-				break
-			}
-		}
-		v.as.tlb[key] = e
-		v.as.mu.Unlock()
 	}
 	if write && e.ro {
 		return phys{}, &faultError{va: va, reason: nvc0.FaultReasonReadOnly, write: write}
@@ -140,21 +155,21 @@ func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
 
 // readPTE reads a page-table entry; ok is false if the table is not backed.
 func (b *Board) readPTE(table phys, index uint64) (nvc0.PTE, bool) {
-	m, ok := b.slice(phys{sys: table.sys, addr: table.addr + index*nvc0.PTESize}, nvc0.PTESize)
+	lo, hi, ok := b.physRead64(phys{sys: table.sys, addr: table.addr + index*nvc0.PTESize})
 	if !ok {
 		return nvc0.PTE{}, false
 	}
-	return nvc0.DecodePTE(load32(m[:4]), load32(m[4:])), true
+	return nvc0.DecodePTE(lo, hi), true
 }
 
 // walk translates va through the page directory at pd (in VRAM): the small
 // page table first, then the large one. It returns a fault reason, or 0.
 func (b *Board) walk(pd, va uint64) (tlbEntry, uint32) {
-	m, ok := b.slice(phys{addr: pd + nvc0.PDEIndex(va)*nvc0.PDESize}, nvc0.PDESize)
+	w0, w1, ok := b.physRead64(phys{addr: pd + nvc0.PDEIndex(va)*nvc0.PDESize})
 	if !ok {
 		return tlbEntry{}, nvc0.FaultReasonTarget
 	}
-	pde := nvc0.DecodePDE(load32(m[:4]), load32(m[4:]))
+	pde := nvc0.DecodePDE(w0, w1)
 	if !pde.SmallPresent && !pde.LargePresent {
 		return tlbEntry{}, nvc0.FaultReasonPDE
 	}
@@ -195,30 +210,27 @@ func (b *Board) pageEntry(pte nvc0.PTE, sub uint64) (tlbEntry, uint32) {
 	return tlbEntry{page: p, ro: pte.ReadOnly}, 0
 }
 
-// vmSlice returns the memory behind [va, va+n) up to the end of va's page,
-// and whether it is system memory.
-func (b *Board) vmSlice(v *vm, va, n uint64, write bool) ([]byte, bool, error) {
+// vmPage translates va and returns where it lands and how many of the n
+// bytes from va stay inside va's page.
+func (b *Board) vmPage(v *vm, va, n uint64, write bool) (phys, uint64, error) {
 	p, err := b.translate(v, va, write)
 	if err != nil {
-		return nil, false, err
+		return phys{}, 0, err
 	}
-	n = min(n, nvc0.PageSize-va&(nvc0.PageSize-1))
-	m, ok := b.slice(p, n)
-	if !ok {
-		return nil, false, &faultError{va: va, reason: nvc0.FaultReasonTarget, write: write}
-	}
-	return m, p.sys, nil
+	return p, min(n, nvc0.PageSize-va&(nvc0.PageSize-1)), nil
 }
 
 // vmRead copies [va, va+len(p)) into p.
 func (b *Board) vmRead(v *vm, p []byte, va uint64) error {
 	for len(p) > 0 {
-		m, _, err := b.vmSlice(v, va, uint64(len(p)), false)
+		pa, n, err := b.vmPage(v, va, uint64(len(p)), false)
 		if err != nil {
 			return err
 		}
-		n := copy(p, m)
-		p, va = p[n:], va+uint64(n)
+		if !b.physCopyOut(p[:n], pa) {
+			return &faultError{va: va, reason: nvc0.FaultReasonTarget}
+		}
+		p, va = p[n:], va+n
 	}
 	return nil
 }
@@ -226,37 +238,63 @@ func (b *Board) vmRead(v *vm, p []byte, va uint64) error {
 // vmWrite copies p to [va, va+len(p)).
 func (b *Board) vmWrite(v *vm, p []byte, va uint64) error {
 	for len(p) > 0 {
-		m, _, err := b.vmSlice(v, va, uint64(len(p)), true)
+		pa, n, err := b.vmPage(v, va, uint64(len(p)), true)
 		if err != nil {
 			return err
 		}
-		n := copy(m, p)
-		p, va = p[n:], va+uint64(n)
+		if !b.physCopyIn(pa, p[:n]) {
+			return &faultError{va: va, reason: nvc0.FaultReasonTarget, write: true}
+		}
+		p, va = p[n:], va+n
 	}
 	return nil
 }
 
+// vmCopy copies up to n bytes from src to dst (both virtual), stopping at
+// the first page boundary of either, and returns how many it copied and
+// whether either side was system memory.
+func (b *Board) vmCopy(v *vm, dst, src, n uint64) (uint64, bool, error) {
+	spa, n, err := b.vmPage(v, src, n, false)
+	if err != nil {
+		return 0, false, err
+	}
+	dpa, n, err := b.vmPage(v, dst, n, true)
+	if err != nil {
+		return 0, false, err
+	}
+	if !b.physMove(dpa, spa, n) {
+		return 0, false, &faultError{va: src, reason: nvc0.FaultReasonTarget}
+	}
+	return n, spa.sys || dpa.sys, nil
+}
+
 // vmRead32 reads the aligned word at va atomically.
 func (b *Board) vmRead32(v *vm, va uint64) (uint32, error) {
-	m, _, err := b.vmSlice(v, va, 4, false)
+	pa, n, err := b.vmPage(v, va, 4, false)
 	if err != nil {
 		return 0, err
 	}
-	if len(m) < 4 {
+	if n < 4 {
 		return 0, &faultError{va: va, reason: nvc0.FaultReasonMethod}
 	}
-	return load32(m), nil
+	val, ok := b.physRead32(pa)
+	if !ok {
+		return 0, &faultError{va: va, reason: nvc0.FaultReasonTarget}
+	}
+	return val, nil
 }
 
 // vmWrite32 writes the aligned word at va atomically.
 func (b *Board) vmWrite32(v *vm, va uint64, val uint32) error {
-	m, _, err := b.vmSlice(v, va, 4, true)
+	pa, n, err := b.vmPage(v, va, 4, true)
 	if err != nil {
 		return err
 	}
-	if len(m) < 4 {
+	if n < 4 {
 		return &faultError{va: va, reason: nvc0.FaultReasonMethod, write: true}
 	}
-	store32(m, val)
+	if !b.physWrite32(pa, val) {
+		return &faultError{va: va, reason: nvc0.FaultReasonTarget, write: true}
+	}
 	return nil
 }

@@ -13,7 +13,7 @@ import (
 //
 // A channel is schedulable when its instance word is valid, its control word
 // has ChanCtlEnable, it is in the last submitted playlist, and it has not
-// stopped on a fault or kill. A doorbell (a GP_PUT write through the poll
+// stopped on a fault or being preempted. A doorbell (a GP_PUT write through the poll
 // area) marks it as having work; its worker (one goroutine per channel,
 // started on first use) then reads the RAMIN, and executes the GPFIFO entries
 // from GP_GET to GP_PUT, publishing GP_GET after each entry's work is done.
@@ -29,20 +29,21 @@ type channel struct {
 	id   int
 	kick chan struct{} // wakes the worker; buffered, never blocks
 
-	mu      sync.Mutex
-	done    *sync.Cond // signalled (with mu) when a run ends
-	inst    uint32     // instance word as written
-	ctl     uint32     // control word as written
-	inList  bool       // in the last submitted playlist
-	stopped bool       // faulted or killed: fetches nothing more until re-enabled
-	killing bool       // a kill is waiting for the current run to end
-	pending bool       // a doorbell's work is not finished
-	running bool       // the worker is inside a run
-	started bool       // the worker goroutine exists
-	bells   uint64     // doorbell generation
-	epoch   uint64     // bumped by enable and kill: a run of an older epoch is void
-	gpGet   uint32
-	cancel  context.CancelFunc // cancels the current run's waits (semaphore acquire)
+	mu         sync.Mutex
+	done       *sync.Cond // signalled (with mu) when a run ends
+	inst       uint32     // instance word as written
+	ctl        uint32     // control word as written
+	inList     bool       // in the last submitted playlist
+	stopped    bool       // faulted: fetches nothing more until re-enabled
+	preempting bool       // a preempt is waiting for the current run to end
+	pending    bool       // a doorbell's work is not finished
+	running    bool       // the worker is inside a run
+	started    bool       // the worker goroutine exists
+	bells      uint64     // doorbell generation
+	epoch      uint64     // bumped by enable: a fresh channel (no method state)
+	gen        uint64     // bumped by enable and preempt: a run of an older generation is void
+	gpGet      uint32
+	cancel     context.CancelFunc // cancels the current run: its waits and its engine operation
 
 	// State of the methods, owned by the worker.
 	stateEpoch uint64
@@ -61,7 +62,7 @@ func newChannel(b *Board, id int) *channel {
 // schedulable reports whether the channel may fetch work. Call with mu held.
 func (c *channel) schedulable() bool {
 	return c.inst&nvc0.ChanInstValid != 0 && c.ctl&nvc0.ChanCtlEnable != 0 &&
-		c.inList && !c.stopped && !c.killing
+		c.inList && !c.stopped && !c.preempting
 }
 
 func (c *channel) readInst() uint32 {
@@ -102,6 +103,7 @@ func (c *channel) writeCtl(v uint32) {
 	enabling := old&nvc0.ChanCtlEnable == 0 && v&nvc0.ChanCtlEnable != 0
 	if enabling {
 		c.epoch++
+		c.gen++
 		c.gpGet = 0
 		c.stopped = false
 		c.pending = false
@@ -179,36 +181,47 @@ func (b *Board) submitPlaylist(addr uint64, count int) {
 	}
 }
 
-// killChannel stops channel v after its current engine operation, disables
-// it and marks it killed. RegChanKill reads v once that is done.
-func (b *Board) killChannel(v uint32) {
-	if int64(v) >= int64(len(b.chans)) {
-		b.r.chanKill.Store(v)
+// preempt takes channel v's context off the engines (RegPreempt): its
+// current run ends at the next method boundary and the engine operation in
+// progress is abandoned — a kernel stops at its next check between blocks
+// of work, a copy between pages, a semaphore wait at once. GP_GET keeps the
+// index of the interrupted entry. RegPreempt reads PreemptPending until the
+// run has ended. A channel still enabled, listed and with work pending is
+// rescheduled afterwards and restarts the interrupted entry.
+//
+// On a GF100 a preempt waits for the engine to reach a context-switch
+// point; a compute grid is not one, so nouveau falls back to its recovery
+// (a context-switch timeout, then an MMU fault on the engine and an engine
+// reset). The board folds that recovery into the preempt.
+func (b *Board) preempt(v uint32) {
+	ch := int(v & nvc0.PreemptChanMask)
+	if v&^uint32(nvc0.PreemptChanMask) != 0 || ch >= len(b.chans) {
+		b.r.preempt.Store(v &^ nvc0.PreemptPending)
 		return
 	}
-	b.r.chanKill.Store(nvc0.ChanKillPending)
-	c := b.chans[v]
+	b.r.preempt.Store(uint32(ch) | nvc0.PreemptPending)
+	c := b.chans[ch]
 	c.mu.Lock()
-	c.killing = true
-	c.epoch++
+	c.gen++
 	if c.cancel != nil {
 		c.cancel()
 	}
 	running := c.running
+	c.preempting = running
 	c.mu.Unlock()
 	finish := func() {
 		c.mu.Lock()
 		for c.running {
 			c.done.Wait()
 		}
-		b.reportFault(c.id, c.inst, 0, nvc0.FaultReasonKilled, false)
-		c.killing = false
-		c.stopped = true
-		c.pending = false
-		c.ctl &^= nvc0.ChanCtlEnable
+		c.preempting = false
+		wake := c.schedulable() && c.pending
 		c.mu.Unlock()
-		b.st.chanKills.Add(1)
-		b.r.chanKill.Store(v)
+		b.st.preempts.Add(1)
+		b.r.preempt.CompareAndSwap(uint32(ch)|nvc0.PreemptPending, uint32(ch))
+		if wake {
+			c.wake()
+		}
 	}
 	if !running {
 		finish()
@@ -218,8 +231,8 @@ func (b *Board) killChannel(v uint32) {
 }
 
 // reportFault fills the fault report registers and raises PFIFO_INTR. Every
-// stop sets PFIFOIntrMMUFault (the report registers changed); method errors
-// also set PFIFOIntrChanErr. A kill fills the report but raises nothing.
+// fault sets PFIFOIntrMMUFault (the report registers changed); method errors
+// also set PFIFOIntrChanErr.
 func (b *Board) reportFault(ch int, inst uint32, va uint64, reason uint32, write bool) {
 	status := reason&nvc0.FaultReasonMask | uint32(ch)&nvc0.FaultChanMask<<nvc0.FaultChanShift
 	if write {
@@ -232,7 +245,6 @@ func (b *Board) reportFault(ch int, inst uint32, va uint64, reason uint32, write
 	b.r.faultStatus = status
 	b.r.faultMu.Unlock()
 	switch reason {
-	case nvc0.FaultReasonKilled:
 	case nvc0.FaultReasonMethod:
 		b.r.pfifoIntr.Or(nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr)
 	default:
@@ -264,14 +276,14 @@ func (c *channel) run() {
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
 	c.running, c.cancel = true, cancel
-	bells, epoch, get, inst := c.bells, c.epoch, c.gpGet, c.inst
+	bells, epoch, gen, get, inst := c.bells, c.epoch, c.gen, c.gpGet, c.inst
 	c.mu.Unlock()
 
 	idle := false
 	defer func() {
 		c.mu.Lock()
 		c.running, c.cancel = false, nil
-		if idle && c.bells == bells && c.epoch == epoch {
+		if idle && c.bells == bells && c.gen == gen {
 			c.pending = false
 		}
 		c.done.Broadcast()
@@ -290,11 +302,11 @@ func (c *channel) run() {
 	for {
 		put, ok := b.physRead32(phys{addr: user + nvc0.UserGPPut})
 		if !ok {
-			c.fault(epoch, inst, user, nvc0.FaultReasonTarget, false)
+			c.fault(gen, inst, user, nvc0.FaultReasonTarget, false)
 			return
 		}
 		if put >= entries {
-			c.fault(epoch, inst, user+nvc0.UserGPPut, nvc0.FaultReasonMethod, false)
+			c.fault(gen, inst, user+nvc0.UserGPPut, nvc0.FaultReasonMethod, false)
 			return
 		}
 		if put == get {
@@ -302,7 +314,7 @@ func (c *channel) run() {
 			return
 		}
 		c.mu.Lock()
-		ok = c.schedulable() && c.epoch == epoch
+		ok = c.schedulable() && c.gen == gen
 		c.mu.Unlock()
 		if !ok {
 			return
@@ -310,13 +322,13 @@ func (c *channel) run() {
 		if err := c.entry(ctx, v, ringVA+uint64(get)*nvc0.GPFIFOEntrySize); err != nil {
 			var fe *faultError
 			if errors.As(err, &fe) {
-				c.fault(epoch, inst, fe.va, fe.reason, fe.write)
+				c.fault(gen, inst, fe.va, fe.reason, fe.write)
 			}
-			return // otherwise cancelled: killed or board closing
+			return // otherwise cancelled: preempted or board closing
 		}
 		get = (get + 1) % entries
 		c.mu.Lock()
-		if c.epoch != epoch {
+		if c.gen != gen {
 			c.mu.Unlock()
 			return
 		}
@@ -344,11 +356,11 @@ func (c *channel) entry(ctx context.Context, v *vm, va uint64) error {
 	return c.exec(ctx, v, pbVA, pb)
 }
 
-// fault stops the channel (unless a kill or re-enable overtook the run) and
-// reports the fault.
-func (c *channel) fault(epoch uint64, inst uint32, va uint64, reason uint32, write bool) {
+// fault stops the channel (unless a preempt or re-enable overtook the run)
+// and reports the fault.
+func (c *channel) fault(gen uint64, inst uint32, va uint64, reason uint32, write bool) {
 	c.mu.Lock()
-	if c.epoch != epoch {
+	if c.gen != gen {
 		c.mu.Unlock()
 		return
 	}

@@ -2,7 +2,9 @@ package sim
 
 import (
 	"testing"
+	"time"
 
+	"github.com/gpuvm/gpuvm/gpu/hwseq"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -130,10 +132,12 @@ func TestFaultStopsOnlyFaultingChannel(t *testing.T) {
 	if r.b.Stats().ChannelFaults != 1 {
 		t.Errorf("channel faults %d", r.b.Stats().ChannelFaults)
 	}
-	// Kill + re-enable gives a fresh channel.
-	r.b.Write32(nvc0.BAR0, nvc0.RegChanKill, uint32(a.id))
-	if got := rd(nvc0.RegChanKill); got != uint32(a.id) {
-		t.Fatalf("kill reads %#x", got)
+	// Stop + re-enable gives a fresh channel.
+	if err := hwseq.StopChannel(r.b, a.id, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := rd(nvc0.RegPreempt); got != uint32(a.id) {
+		t.Fatalf("preempt reads %#x", got)
 	}
 	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(a.id)), nvc0.ChanCtlDefault)
 	if a.ctl()&nvc0.ChanCtlFaulted != 0 || a.gpGet() != 0 {
@@ -264,31 +268,43 @@ func TestRAMINReadAtDoorbell(t *testing.T) {
 	}
 }
 
-func TestKillBlockedChannel(t *testing.T) {
+func TestStopBlockedChannel(t *testing.T) {
 	r := newRig(t)
 	c := r.newChan(5, nil)
-	c.semPage()
-	c.push(semAcquire(chanDataVA, 1, nvc0.SemaphoreAcquireEqual)...)
+	pa := c.semPage()
+	c.push(cat(semAcquire(chanDataVA, 1, nvc0.SemaphoreAcquireEqual), semRelease(chanDataVA+4, 2))...)
 	for r.b.chans[c.id].readCtl()&nvc0.ChanCtlBusy == 0 {
 	}
-	r.b.Write32(nvc0.BAR0, nvc0.RegChanKill, uint32(c.id))
-	for !c.waitKill() {
+	if err := hwseq.StopChannel(r.b, c.id, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	if ctl := c.ctl(); ctl&nvc0.ChanCtlEnable != 0 || ctl&nvc0.ChanCtlFaulted == 0 || ctl&nvc0.ChanCtlBusy != 0 {
-		t.Fatalf("killed channel ctl %#x", ctl)
+	if got := r.b.Read32(nvc0.BAR0, nvc0.RegPreempt); got != uint32(c.id) {
+		t.Fatalf("preempt register %#x after the preempt", got)
 	}
-	st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
-	if st&nvc0.FaultReasonMask != nvc0.FaultReasonKilled || st>>nvc0.FaultChanShift&nvc0.FaultChanMask != uint32(c.id) {
-		t.Fatalf("fault status %#x", st)
+	if ctl := c.ctl(); ctl&nvc0.ChanCtlEnable != 0 || ctl&nvc0.ChanCtlFaulted != 0 {
+		t.Fatalf("stopped channel ctl %#x", ctl)
 	}
-	if r.b.Stats().ChannelKills != 1 {
-		t.Fatal("kill not counted")
+	// The semaphore it waited for is released: a stopped channel goes no further.
+	r.w32(pa, 1)
+	c.ring()
+	time.Sleep(10 * time.Millisecond)
+	if r.r32(pa+4) != 0 {
+		t.Fatal("the stopped channel went on")
+	}
+	if r.b.Stats().Preempts != 1 || r.b.Stats().ChannelFaults != 0 {
+		t.Fatalf("stats %+v", r.b.Stats())
 	}
 }
 
-// waitKill reports whether the kill register reads this channel's id.
-func (c *tchan) waitKill() bool {
-	return c.r.b.Read32(nvc0.BAR0, nvc0.RegChanKill) == uint32(c.id)
+func TestPreemptOfIdleAndInvalidChannels(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(3, nil)
+	for _, v := range []uint32{uint32(c.id), 127, 0x80, 0xFFFFFFFF} {
+		r.b.Write32(nvc0.BAR0, nvc0.RegPreempt, v)
+		if got := r.b.Read32(nvc0.BAR0, nvc0.RegPreempt); got&nvc0.PreemptPending != 0 {
+			t.Errorf("preempt %#x reads %#x: pending on an idle or invalid channel", v, got)
+		}
+	}
 }
 
 func TestManyChannelsConcurrently(t *testing.T) {

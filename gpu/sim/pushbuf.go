@@ -32,7 +32,7 @@ func (c *channel) exec(ctx context.Context, v *vm, pbVA uint64, pb []byte) error
 	word := func(i int) uint32 { return load32(pb[4*i:]) }
 	for i := 0; i < n; {
 		if err := ctx.Err(); err != nil {
-			return err // killed: stop after the current engine operation
+			return err // preempted: stop at this method boundary
 		}
 		hva := pbVA + uint64(i)*4
 		h := nvc0.DecodeMethodHeader(word(i))

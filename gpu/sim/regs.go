@@ -23,7 +23,7 @@ type regState struct {
 	pfifoIntr    atomic.Uint32
 	playlistAddr atomic.Uint32
 	playlistSub  atomic.Uint32
-	chanKill     atomic.Uint32
+	preempt      atomic.Uint32
 	flushPD      atomic.Uint32
 	tlbTrigger   atomic.Uint32
 	mmuStatus    atomic.Uint32
@@ -79,7 +79,7 @@ func (b *Board) buildRegs() regTable {
 		}},
 		// Playlist updates complete synchronously: PlaylistPending never reads set.
 		nvc0.RegPlaylistStatus: constant(0),
-		nvc0.RegChanKill:       {read: r.chanKill.Load, write: func(v uint32) { b.killChannel(v) }},
+		nvc0.RegPreempt:        {read: r.preempt.Load, write: b.preempt},
 		nvc0.RegFaultInst:      b.faultReg(&r.faultInst),
 		nvc0.RegFaultAddrLo:    b.faultReg(&r.faultLo),
 		nvc0.RegFaultAddrHi:    b.faultReg(&r.faultHi),
@@ -110,6 +110,10 @@ func (b *Board) buildRegs() regTable {
 		nvc0.RegCopy0InstHi: storage(&r.copyInst[0][1]),
 		nvc0.RegCopy1InstLo: storage(&r.copyInst[1][0]),
 		nvc0.RegCopy1InstHi: storage(&r.copyInst[1][1]),
+
+		nvc0.RegEngineStatus(nvc0.EngineGR):  {read: b.compute.status(0)},
+		nvc0.RegEngineStatus(nvc0.EngineCE0): {read: b.copy.status(0)},
+		nvc0.RegEngineStatus(nvc0.EngineCE1): {read: b.copy.status(1)},
 
 		nvc0.RegPGRAPHStatus: {read: func() uint32 {
 			if r.pgraphBusy.Load() != 0 {

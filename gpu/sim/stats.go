@@ -21,10 +21,10 @@ type Stats struct {
 	Doorbells uint64
 	// GPFIFOEntries counts push buffers executed.
 	GPFIFOEntries uint64
-	// ChannelFaults counts channels stopped by a fault (not by a kill).
+	// ChannelFaults counts channels stopped by a fault.
 	ChannelFaults uint64
-	// ChannelKills counts completed channel kills.
-	ChannelKills uint64
+	// Preempts counts completed channel preempts (RegPreempt).
+	Preempts uint64
 	// KernelsRun counts kernels that completed.
 	KernelsRun uint64
 	// CopiesRun counts completed copy-engine launches; BytesCopied their bytes.
@@ -36,7 +36,7 @@ type counters struct {
 	unknown, barFaults             atomic.Uint64
 	tlbHits, tlbMisses, tlbFlushes atomic.Uint64
 	doorbells, gpEntries           atomic.Uint64
-	chanFaults, chanKills          atomic.Uint64
+	chanFaults, preempts           atomic.Uint64
 	kernels, copies, bytesCopied   atomic.Uint64
 }
 
@@ -56,7 +56,7 @@ func (b *Board) Stats() Stats {
 	s.Doorbells = c.doorbells.Load()
 	s.GPFIFOEntries = c.gpEntries.Load()
 	s.ChannelFaults = c.chanFaults.Load()
-	s.ChannelKills = c.chanKills.Load()
+	s.Preempts = c.preempts.Load()
 	s.KernelsRun = c.kernels.Load()
 	s.CopiesRun = c.copies.Load()
 	s.BytesCopied = c.bytesCopied.Load()

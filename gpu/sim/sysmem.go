@@ -49,7 +49,8 @@ func (s *sysmem) list() []sysRegion {
 }
 
 // lookup returns the memory at machine address [addr, addr+n), which must lie
-// inside one region.
+// inside one region. Callers pin system memory (Board.pin) around the
+// lookup and every use of the slice it returns.
 func (s *sysmem) lookup(addr, n uint64) ([]byte, bool) {
 	rs := s.list()
 	i, found := slices.BinarySearchFunc(rs, addr, func(r sysRegion, a uint64) int {
@@ -108,7 +109,10 @@ func (b *Board) RegisterSystemMemory(mem []byte) (uint64, error) {
 	return base, nil
 }
 
-// UnregisterSystemMemory removes the region registered at base.
+// UnregisterSystemMemory removes the region registered at base and waits
+// until no engine is still moving bytes of it: when it returns, the caller
+// may unmap the memory. A channel that still names the region afterwards
+// faults on its next access (FaultReasonTarget).
 func (b *Board) UnregisterSystemMemory(base uint64) error {
 	if !b.enter() {
 		return errClosed
@@ -124,5 +128,9 @@ func (b *Board) UnregisterSystemMemory(base uint64) error {
 	}
 	next := slices.Delete(slices.Clone(rs), i, i+1)
 	s.regions.Store(&next)
+	// Accesses that looked the region up before it left the list hold
+	// sysMu for reading until their bytes are moved: wait them out.
+	b.sysMu.Lock()
+	b.sysMu.Unlock() //nolint:staticcheck // an empty critical section is the point: a grace period
 	return nil
 }

@@ -168,7 +168,7 @@ func (d *Device) updatePlaylist() error {
 			continue
 		}
 		d.kwr32(pl, uint64(n)*nvc0.PlaylistEntrySize, uint32(id))
-		d.kwr32(pl, uint64(n)*nvc0.PlaylistEntrySize+4, 0x4)
+		d.kwr32(pl, uint64(n)*nvc0.PlaylistEntrySize+4, nvc0.PlaylistEntryWord1)
 		n++
 	}
 	return hwseq.SubmitPlaylist(d.mmio, pl.addr, n, d.opts.Timeout)
@@ -370,7 +370,8 @@ func (c *Channel) checkFault() error {
 	return fe
 }
 
-// Close kills the channel, takes it off the playlist and frees its memory.
+// Close stops the channel (disable and preempt), takes it off the playlist
+// and frees its memory.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -380,7 +381,9 @@ func (c *Channel) Close() error {
 	c.closed = true
 	c.mu.Unlock()
 	d := c.d
-	err := hwseq.KillChannel(d.mmio, c.id, d.opts.Timeout)
+	d.mu.Lock()
+	err := hwseq.StopChannel(d.mmio, c.id, d.opts.Timeout)
+	d.mu.Unlock()
 	d.wr(nvc0.ChanCtl(c.id), 0)
 	d.wr(nvc0.ChanInst(c.id), 0)
 	if perr := d.updatePlaylist(); err == nil {
