@@ -37,7 +37,7 @@ type RAMINField struct {
 func RAMINFields() []RAMINField {
 	return []RAMINField{
 		{nvc0.RAMINUserLo, 8, "user area (doorbell page) VRAM address",
-			"translated into the slice (whole page must be inside); if outside, the channel is invalid and the field points at the slice base"},
+			"replaced by the channel's shadow user area in the reserve, which only the aggregator writes (GP_PUT) and the GPU (GP_GET); the guest's own user area must lie inside the slice or the channel is invalid"},
 		{nvc0.RAMINGPFIFOLo, 4, "GPFIFO ring VA bits 31:0",
 			"kept: a GPU virtual address, translated by the shadow page tables"},
 		{nvc0.RAMINGPFIFOHi, 4, "GPFIFO ring VA bits 39:32 and log2(entries)",
@@ -58,13 +58,33 @@ type Channel struct {
 	guestRAMIN  uint64 // guest VRAM address
 	physRAMIN   uint64 // physical address of the guest block
 	shadowRAMIN uint64
+	shadowUser  uint64 // the user area the GPU uses: reserved VRAM
 	space       *Space // nil while the guest page directory is invalid
 	cur         [nvc0.RAMINSize]byte
-	user        uint64 // physical user area
+	guestUser   uint64 // guest VRAM address of the guest's user area (valid when userOK)
+	user        uint64 // its physical address
+	userOK      bool
+	userW       userWatch
 	dirty       bool
 	err         error
 	closed      bool
 }
+
+// userWatch is a Channel's watch on its guest user area.
+type userWatch struct{ c *Channel }
+
+// GuestWrite implements Watcher: a write touching the GP_PUT word of the
+// guest's user area is a doorbell, whichever aperture it came through.
+func (u userWatch) GuestWrite(addr, n uint64) {
+	c := u.c
+	put := c.guestUser + nvc0.UserGPPut
+	if c.userOK && c.m.onUser != nil && addr < put+4 && put < addr+n {
+		c.m.onUser(c)
+	}
+}
+
+// Unseen implements Watcher: user areas that do not trap are polled.
+func (userWatch) Unseen(uint64) {}
 
 // OpenChannel creates the shadow of the guest RAMIN at guest VRAM address
 // guestRAMIN and mirrors it (Refresh). It fails only if the RAMIN is not
@@ -80,11 +100,19 @@ func (m *Manager) OpenChannel(guestRAMIN uint64) (*Channel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shadow channel: allocate RAMIN: %w", err)
 	}
-	c := &Channel{m: m, guestRAMIN: guestRAMIN, physRAMIN: phys, shadowRAMIN: sh}
+	// The shadow user area starts zeroed (GP_GET = GP_PUT = 0): reserved
+	// memory is scrubbed when freed.
+	su, err := m.alloc.Alloc(nvc0.UserAreaSize, nvc0.PageSize)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("shadow channel: allocate user area: %w", err), m.alloc.Free(sh))
+	}
+	c := &Channel{m: m, guestRAMIN: guestRAMIN, physRAMIN: phys, shadowRAMIN: sh, shadowUser: su}
+	c.userW = userWatch{c}
 	if err := c.write(); err != nil { // the shadow starts as a copy of c.cur (zero)
-		return nil, errors.Join(fmt.Errorf("shadow channel: %w", err), m.alloc.Free(sh))
+		return nil, errors.Join(fmt.Errorf("shadow channel: %w", err), m.alloc.Free(sh), m.alloc.Free(su))
 	}
 	m.channels[c] = struct{}{}
+	m.tracker.Watch(c, KindRAMIN, guestRAMIN, nvc0.RAMINSize)
 	if err := c.Refresh(); err != nil && !errors.Is(err, ErrInvalidChannel) {
 		return nil, errors.Join(err, c.Close())
 	}
@@ -102,8 +130,19 @@ func (c *Channel) ShadowRAMIN() uint64 { return c.shadowRAMIN }
 // the guest's page directory is invalid.
 func (c *Channel) Space() *Space { return c.space }
 
-// UserArea returns the physical VRAM address of the channel's user area.
+// UserArea returns the physical VRAM address of the guest's user area
+// (inside the slice), where the aggregator mirrors GP_GET and, when user
+// areas are polled, reads the guest's GP_PUT. The GPU never uses it.
 func (c *Channel) UserArea() uint64 { return c.user }
+
+// GuestUserArea returns the guest VRAM address of the guest's user area.
+func (c *Channel) GuestUserArea() uint64 { return c.guestUser }
+
+// ShadowUserArea returns the physical VRAM address of the user area the
+// shadow RAMIN names: in reserved memory, so only the aggregator writes
+// GP_PUT there (the dispatcher, when the scheduler releases a submission)
+// and only the GPU writes GP_GET.
+func (c *Channel) ShadowUserArea() uint64 { return c.shadowUser }
 
 // Err returns why the channel is invalid, or nil.
 func (c *Channel) Err() error { return c.err }
@@ -119,6 +158,12 @@ func (c *Channel) holds(guestAddr uint64) bool {
 	p := guestAddr >> nvc0.PageShift
 	return p >= c.guestRAMIN>>nvc0.PageShift && p <= (c.guestRAMIN+nvc0.RAMINSize-1)>>nvc0.PageShift
 }
+
+// GuestWrite implements Watcher: a trapped write hit the guest RAMIN.
+func (c *Channel) GuestWrite(addr, n uint64) { c.NoteWrite(addr, n) }
+
+// Unseen implements Watcher: the RAMIN may have changed without a trap.
+func (c *Channel) Unseen(uint64) { c.dirty = true }
 
 // NoteWrite records a guest write to [guestAddr, guestAddr+n) of its VRAM
 // and reports whether it touched the guest RAMIN (the channel is then due
@@ -185,16 +230,16 @@ func (c *Channel) Refresh() error {
 	}
 	binary.LittleEndian.PutUint64(blk[nvc0.RAMINPageDir:], pd)
 
-	// User area.
+	// User area: the GPU gets the shadow; the guest's is checked and
+	// watched (a GP_PUT written into it is a doorbell).
 	gu := uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserHi:]))<<32 | uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserLo:]))
-	user, ok := c.m.tr.VRAMAddr(gu, nvc0.UserAreaSize)
-	if !ok {
+	user, userOK := c.m.tr.VRAMAddr(gu, nvc0.UserAreaSize)
+	if !userOK {
 		invalid = append(invalid, fmt.Errorf("user area at guest %#x: %w", gu, ErrOutsideSlice))
-		user, _ = c.m.tr.VRAMAddr(0, nvc0.UserAreaSize)
 	}
-	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserLo:], uint32(user))
-	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserHi:], uint32(user>>32))
-	c.user = user
+	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserLo:], uint32(c.shadowUser))
+	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserHi:], uint32(c.shadowUser>>32))
+	c.setUser(gu, user, userOK)
 
 	// GPFIFO: the VA is kept, the size bounded.
 	va, entries := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOLo:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOHi:]))
@@ -225,6 +270,21 @@ func (c *Channel) Refresh() error {
 	return c.err
 }
 
+// setUser points the channel at the guest user area gu (physical user;
+// ok when inside the slice) and moves the tracker's watch there.
+func (c *Channel) setUser(gu, user uint64, ok bool) {
+	if c.userOK && (!ok || gu != c.guestUser) {
+		c.m.tracker.Unwatch(c.userW, KindUserArea, c.guestUser, nvc0.UserAreaSize)
+	}
+	if ok && (!c.userOK || gu != c.guestUser) {
+		c.m.tracker.Watch(c.userW, KindUserArea, gu, nvc0.UserAreaSize)
+	}
+	c.guestUser, c.user, c.userOK = gu, user, ok
+	if !ok {
+		c.guestUser, c.user = 0, 0
+	}
+}
+
 // write stores c.cur in the shadow RAMIN.
 func (c *Channel) write() error {
 	if err := c.m.mem.WriteVRAM(c.cur[:], c.shadowRAMIN); err != nil {
@@ -250,22 +310,24 @@ func (c *Channel) Activate() (Stats, error) {
 	return c.space.SyncIncremental()
 }
 
-// Close releases the channel's space and frees the shadow RAMIN. The
-// physical channel must no longer name it. Close is idempotent.
+// Close releases the channel's space and retires the shadow RAMIN and user
+// area (the Manager's Reclaim frees them). The physical channel must be
+// stopped and no longer name them. Close is idempotent.
 func (c *Channel) Close() error {
 	if c.closed {
 		return nil
 	}
 	c.closed = true
 	delete(c.m.channels, c)
+	c.m.tracker.Unwatch(c, KindRAMIN, c.guestRAMIN, nvc0.RAMINSize)
+	c.setUser(0, 0, false)
 	var errs []error
 	if c.space != nil {
 		errs = append(errs, c.m.Release(c.space))
 		c.space = nil
 	}
-	if err := c.m.alloc.Free(c.shadowRAMIN); err != nil {
-		errs = append(errs, fmt.Errorf("free shadow RAMIN at %#x: %w", c.shadowRAMIN, err))
-	}
+	c.m.retire(c.shadowRAMIN, 0, false)
+	c.m.retire(c.shadowUser, 0, false)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shadow channel (guest RAMIN %#x): close: %w", c.guestRAMIN, err)
 	}

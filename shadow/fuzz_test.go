@@ -183,11 +183,11 @@ func FuzzShadowBuilder(f *testing.F) {
 			edits = fuzzGuest(e, pd, edits, 8, func(a, n uint64) { m.NoteWrite(a, 4); m.NoteWrite(a+4, n-4) })
 			check(s.SyncIncremental())
 		}
-		if err := m.Close(); err != nil {
+		if err := errors.Join(m.Close(), m.Reclaim(nil)); err != nil {
 			t.Fatal(err)
 		}
 		if len(e.alloc.live) != 0 {
-			t.Fatalf("%d allocations live after Close", len(e.alloc.live))
+			t.Fatalf("%d allocations live after Close and Reclaim", len(e.alloc.live))
 		}
 	})
 }

@@ -95,6 +95,21 @@ type Config struct {
 	// 256 KiB shadow), so the aggregator should set a bound to keep one VM
 	// from exhausting the reserved region shared by all VMs.
 	MaxShadowBytes uint64
+	// TrapUserAreas keeps the pages holding channel user areas trapped, so
+	// that a GP_PUT written there through any aperture is seen
+	// (UserAreaWrite); without it the aggregator polls the user areas.
+	TrapUserAreas bool
+	// UserAreaWrite, if set, is called when a trapped guest write touches
+	// the GP_PUT word of a channel's user area, whichever aperture it came
+	// through: a doorbell. It runs on the VM's goroutine.
+	UserAreaWrite func(c *Channel)
+}
+
+// retired is shadow memory no longer in use, waiting for Reclaim.
+type retired struct {
+	addr    uint64
+	flushPD uint64 // the shadow page directory whose TLB may still name it
+	flush   bool
 }
 
 // Manager holds one VM's shadow spaces and shadow channels. Channels with the
@@ -105,10 +120,13 @@ type Manager struct {
 	mem      Memory
 	alloc    *budget
 	tr       *Translator
+	tracker  *Tracker
+	onUser   func(*Channel)
 	spaces   map[uint64]*Space // guest PD address -> space
 	channels map[*Channel]struct{}
 	emptyPD  uint64 // a cleared shadow PD for channels without a valid one
 	hasEmpty bool
+	retired  []retired
 	counters Counters // scan counters arrive through Space.sink
 }
 
@@ -121,6 +139,8 @@ func NewManager(c Config) (*Manager, error) {
 		mem:      c.Memory,
 		alloc:    &budget{a: c.Allocator, limit: c.MaxShadowBytes, sizes: make(map[uint64]uint64)},
 		tr:       c.Translator,
+		tracker:  NewTracker(c.TrapUserAreas),
+		onUser:   c.UserAreaWrite,
 		spaces:   make(map[uint64]*Space),
 		channels: make(map[*Channel]struct{}),
 	}, nil
@@ -128,6 +148,56 @@ func NewManager(c Config) (*Manager, error) {
 
 // Translator returns the VM's translator.
 func (m *Manager) Translator() *Translator { return m.tr }
+
+// Tracker returns the VM's page tracker: every structure of the manager
+// watches its guest pages there, and others (the BAR shadows) may too.
+func (m *Manager) Tracker() *Tracker { return m.tracker }
+
+// retire queues shadow memory that is no longer linked anywhere. It stays
+// allocated (and counted against the VM's budget) until Reclaim, which
+// first flushes the TLB of flushPD (when flush is set): a GPU walk or a
+// cached translation may still name it until then.
+func (m *Manager) retire(addr, flushPD uint64, flush bool) {
+	m.retired = append(m.retired, retired{addr: addr, flushPD: flushPD, flush: flush})
+}
+
+// Retired returns how many shadow allocations wait for Reclaim.
+func (m *Manager) Retired() int { return len(m.retired) }
+
+// Reclaim frees retired shadow memory. First it flushes the GPU TLB of
+// every shadow page directory whose translations may name that memory
+// (flush; nil when no GPU uses the shadows, as in tests), so that nothing
+// walks or caches it once it is reused. The caller must also have stopped
+// every channel whose shadow RAMIN named a retired page directory, RAMIN or
+// user area (the aggregator stops a channel before it changes or closes
+// its shadow). If a flush fails nothing is freed: retired memory stays
+// held rather than reused while the GPU may use it.
+func (m *Manager) Reclaim(flush func(pd uint64) error) error {
+	if len(m.retired) == 0 {
+		return nil
+	}
+	if flush != nil {
+		done := map[uint64]bool{}
+		for _, r := range m.retired {
+			if !r.flush || done[r.flushPD] {
+				continue
+			}
+			if err := flush(r.flushPD); err != nil {
+				return fmt.Errorf("shadow manager: reclaim: TLB flush of %#x: %w", r.flushPD, err)
+			}
+			done[r.flushPD] = true
+		}
+	}
+	var errs []error
+	for _, r := range m.retired {
+		errs = append(errs, m.alloc.Free(r.addr))
+	}
+	m.retired = m.retired[:0]
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("shadow manager: reclaim: %w", err)
+	}
+	return nil
+}
 
 // Acquire returns the shared Space of the guest page directory at guest VRAM
 // address guestPD, creating it (unsynced) on first use, and takes a
@@ -142,6 +212,7 @@ func (m *Manager) Acquire(guestPD uint64) (*Space, error) {
 		return nil, fmt.Errorf("shadow manager: %w", err)
 	}
 	s.sink = &m.counters
+	s.track(m.tracker, func(addr, pd uint64) { m.retire(addr, pd, true) })
 	s.refs = 1
 	m.spaces[guestPD] = s
 	m.counters.SpacesCreated++
@@ -172,21 +243,11 @@ func (m *Manager) Space(guestPD uint64) (*Space, bool) {
 // NumSpaces returns the number of live spaces.
 func (m *Manager) NumSpaces() int { return len(m.spaces) }
 
-// NoteWrite records a guest write to [guestAddr, guestAddr+n) of its VRAM in
-// every space whose tables live there and every channel whose RAMIN does. It
-// reports whether a watched page was hit (the write touched a sensitive page).
+// NoteWrite reports a trapped guest write to [guestAddr, guestAddr+n) of its
+// VRAM to the tracker, which tells every structure watching those pages. It
+// reports whether a watched page was hit.
 func (m *Manager) NoteWrite(guestAddr, n uint64) bool {
-	hit := false
-	for _, s := range m.spaces {
-		if s.NoteWrite(guestAddr, n) {
-			hit = true
-		}
-	}
-	for c := range m.channels {
-		if c.NoteWrite(guestAddr, n) {
-			hit = true
-		}
-	}
+	hit := m.tracker.Write(guestAddr, n)
 	if hit {
 		m.counters.WritesNoted++
 	}
@@ -205,22 +266,10 @@ func (m *Manager) MarkAllDirty() {
 	}
 }
 
-// IsSensitive reports whether the guest VRAM page holding guestAddr holds a
-// guest page directory, a mirrored guest page table or a guest RAMIN; such
-// pages must stay trapped (not BAR-remapped).
-func (m *Manager) IsSensitive(guestAddr uint64) bool {
-	for _, s := range m.spaces {
-		if s.Watches(guestAddr) {
-			return true
-		}
-	}
-	for c := range m.channels {
-		if c.holds(guestAddr) {
-			return true
-		}
-	}
-	return false
-}
+// IsSensitive reports whether the guest VRAM page holding guestAddr must
+// stay trapped (not BAR-remapped): the tracker holds a RAMIN, page
+// directory or page table there (or a user area, when user areas trap).
+func (m *Manager) IsSensitive(guestAddr uint64) bool { return m.tracker.Trapped(guestAddr) }
 
 // Counters returns the VM's cumulative counters.
 func (m *Manager) Counters() Counters { return m.counters }
@@ -245,8 +294,8 @@ func (m *Manager) emptyShadowPD() (uint64, error) {
 	return pd, nil
 }
 
-// Close closes every channel and space still held and frees all shadow
-// memory. The GPU must no longer use any of it.
+// Close closes every channel and space still held and retires all their
+// shadow memory; Reclaim then frees it. No channel may run on any of it.
 func (m *Manager) Close() error {
 	var errs []error
 	for c := range m.channels {
@@ -258,7 +307,7 @@ func (m *Manager) Close() error {
 		errs = append(errs, s.Close())
 	}
 	if m.hasEmpty {
-		errs = append(errs, m.alloc.Free(m.emptyPD))
+		m.retire(m.emptyPD, m.emptyPD, true)
 		m.hasEmpty = false
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -84,6 +84,12 @@ func TestManagerSharesSpaces(t *testing.T) {
 	if err := m.Release(b); err == nil {
 		t.Error("double release accepted")
 	}
+	if m.Retired() == 0 || len(e.alloc.live) == 0 {
+		t.Fatal("released shadow memory was freed before Reclaim")
+	}
+	if err := m.Reclaim(nil); err != nil {
+		t.Fatal(err)
+	}
 	if m.NumSpaces() != 0 || m.ShadowBytes() != 0 || len(e.alloc.live) != 0 {
 		t.Fatalf("after release: %d spaces, %d bytes, %d live allocations", m.NumSpaces(), m.ShadowBytes(), len(e.alloc.live))
 	}
@@ -120,7 +126,7 @@ func TestManagerQuota(t *testing.T) {
 	if !s.Dirty() {
 		t.Error("failed scan does not force a full rescan")
 	}
-	if err := m.Close(); err != nil {
+	if err := errors.Join(m.Close(), m.Reclaim(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if len(e.alloc.live) != 0 {
@@ -172,8 +178,11 @@ func TestChannel(t *testing.T) {
 		t.Errorf("shadow PD field %#x, want %#x", pd, c.Space().ShadowPD())
 	}
 	user := uint64(binary.LittleEndian.Uint32(sh[nvc0.RAMINUserHi:]))<<32 | uint64(binary.LittleEndian.Uint32(sh[nvc0.RAMINUserLo:]))
-	if user != e.l.SliceBase+gUser || c.UserArea() != user {
-		t.Errorf("shadow user area %#x, want %#x", user, e.l.SliceBase+gUser)
+	if user != c.ShadowUserArea() || user >= testReserved || user%nvc0.PageSize != 0 {
+		t.Errorf("shadow RAMIN user area %#x, want the shadow user area %#x in the reserve", user, c.ShadowUserArea())
+	}
+	if c.UserArea() != e.l.SliceBase+gUser || c.GuestUserArea() != gUser {
+		t.Errorf("guest user area %#x (guest %#x), want %#x", c.UserArea(), c.GuestUserArea(), e.l.SliceBase+gUser)
 	}
 	va, entries := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(sh[nvc0.RAMINGPFIFOLo:]), binary.LittleEndian.Uint32(sh[nvc0.RAMINGPFIFOHi:]))
 	if va != ringVA || entries != 1<<MaxGPFIFOLog2Entries {
@@ -207,8 +216,8 @@ func TestChannel(t *testing.T) {
 		t.Fatal("channel valid with user area outside the slice")
 	}
 	user = uint64(binary.LittleEndian.Uint32(sh[nvc0.RAMINUserHi:]))<<32 | uint64(binary.LittleEndian.Uint32(sh[nvc0.RAMINUserLo:]))
-	if user < e.l.SliceBase || user+nvc0.UserAreaSize > e.l.SliceBase+e.l.SliceSize {
-		t.Fatalf("invalid channel's shadow user area %#x outside the slice", user)
+	if user != c.ShadowUserArea() {
+		t.Fatalf("invalid channel's shadow RAMIN names user area %#x, not its shadow", user)
 	}
 	// Straddling the slice end is invalid too.
 	binary.LittleEndian.PutUint32(g[nvc0.RAMINUserLo:], uint32(e.l.SliceSize-nvc0.UserAreaSize/2))
@@ -254,7 +263,7 @@ func TestChannel(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Close(); err != nil {
+	if err := errors.Join(m.Close(), m.Reclaim(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if len(e.alloc.live) != 0 {

@@ -69,31 +69,19 @@ type owner struct {
 	pde  int32
 }
 
-// table is one shadow page table and the guest table it mirrors.
-type table struct {
-	large   bool
-	guest   uint64   // guest VRAM address of the guest table
-	entries int      // number of PTEs
-	shadow  uint64   // physical VRAM address of the shadow table
-	cur     []uint64 // shadow PTEs as written to VRAM (lo | hi<<32)
-	// guestRaw holds the guest PTEs cur was translated from (lo | hi<<32).
-	// cur[i] is a function of guestRaw[i] only, so a rescan translates
-	// only entries whose guest word changed.
-	guestRaw []uint64
-	gen      uint64 // scan generation of the last whole-table scan
-}
-
-func (t *table) bytes() uint64 { return uint64(t.entries) * nvc0.PTESize }
-
 // Space is the shadow of one guest page directory: a shadow page directory
 // plus shadow small- and large-page tables allocated on demand from reserved
 // VRAM. It knows which guest VRAM pages hold the guest page directory and the
 // guest page tables it mirrors, so trapped guest writes can be turned into an
 // incremental rescan. A Space is not safe for concurrent use.
 type Space struct {
-	mem   Memory
+	mirror
 	alloc Allocator
-	tr    *Translator
+	// tracker, if set, learns which guest pages the space watches; retire,
+	// if set, takes shadow memory the space no longer uses (the Manager
+	// frees it only after flushing the TLB of shadowPD).
+	tracker *Tracker
+	retire  func(addr, flushPD uint64)
 
 	guestPD  uint64 // guest VRAM address of the guest page directory
 	physPD   uint64 // its physical address (inside the slice)
@@ -109,15 +97,11 @@ type Space struct {
 	dirty    map[uint64]struct{} // watched guest pages written since the last scan
 	allDirty bool                // next SyncIncremental must be a full scan
 
-	gen         uint64
 	pendingFree []*table // tables unlinked during this scan, freed once the PD is written
 	zombies     []uint64 // shadow memory that may still be referenced after a write error
 	shadowBytes uint64
 
-	pdBuf []byte   // guest page-directory bytes being processed
-	rbuf  []byte   // guest page-table bytes read
-	wbuf  []byte   // shadow bytes to write
-	next  []uint64 // shadow entries being computed
+	pdBuf []byte // guest page-directory bytes being processed
 
 	totals Counters
 	sink   *Counters // the Manager's counters, or nil
@@ -137,12 +121,12 @@ func NewSpace(mem Memory, alloc Allocator, tr *Translator, guestPD uint64) (*Spa
 		return nil, fmt.Errorf("shadow space: page directory at guest %#x (+%#x): %w", guestPD, nvc0.PageDirSize, ErrOutsideSlice)
 	}
 	s := &Space{
-		mem: mem, alloc: alloc, tr: tr,
+		mirror:  mirror{mem: mem, tr: tr, next: make([]uint64, nvc0.SmallPTECount)},
+		alloc:   alloc,
 		guestPD: guestPD, physPD: phys,
 		guestPDE: make([]uint64, nvc0.PDECount),
 		pdCur:    make([]uint64, nvc0.PDECount),
 		pdWant:   make([]uint64, nvc0.PDECount),
-		next:     make([]uint64, nvc0.SmallPTECount),
 		small:    make([]*table, nvc0.PDECount),
 		large:    make([]*table, nvc0.PDECount),
 		watch:    make(map[uint64][]owner),
@@ -160,6 +144,56 @@ func NewSpace(mem Memory, alloc Allocator, tr *Translator, guestPD uint64) (*Spa
 	s.shadowBytes = nvc0.PageDirSize
 	s.watchRange(guestPD, nvc0.PageDirSize, owner{kind: ownPD})
 	return s, nil
+}
+
+// track registers the space's watched pages with a tracker (the Manager
+// does it once the space is created) and sends its frees to retire.
+func (s *Space) track(t *Tracker, retire func(addr, flushPD uint64)) {
+	s.tracker, s.retire = t, retire
+	for p, os := range s.watch {
+		for _, k := range ownerKinds(os) {
+			t.Watch(s, k, p<<nvc0.PageShift, nvc0.PageSize)
+		}
+	}
+}
+
+// ownerKinds returns the tracker kinds of a page's owners, without repeats.
+func ownerKinds(os []owner) []Kind {
+	var ks []Kind
+	for _, o := range os {
+		if k := o.trackKind(); !slices.Contains(ks, k) {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+func (o owner) trackKind() Kind {
+	if o.kind == ownPD {
+		return KindPageDirectory
+	}
+	return KindPageTable
+}
+
+// GuestWrite implements Watcher: a trapped guest write hit a page holding
+// the guest page directory or a mirrored page table.
+func (s *Space) GuestWrite(addr, n uint64) { s.NoteWrite(addr, n) }
+
+// Unseen implements Watcher: the page may have changed without a trap.
+func (s *Space) Unseen(page uint64) {
+	if _, ok := s.watch[page]; ok {
+		s.dirty[page] = struct{}{}
+	}
+}
+
+// free gives shadow memory back: to the retire hook (the Manager frees it
+// after a TLB flush of this space) or straight to the allocator.
+func (s *Space) free(addr uint64) error {
+	if s.retire != nil {
+		s.retire(addr, s.shadowPD)
+		return nil
+	}
+	return s.alloc.Free(addr)
 }
 
 // ShadowPD returns the physical VRAM address of the shadow page directory,
@@ -345,20 +379,6 @@ func (s *Space) finish(st Stats, start time.Time, err error) (Stats, error) {
 	return st, err
 }
 
-// readGuest reads n bytes of guest memory at physical address phys into
-// buf (grown if needed) and returns them.
-func (s *Space) readGuest(buf *[]byte, phys, n uint64, st *Stats) ([]byte, error) {
-	if uint64(cap(*buf)) < n {
-		*buf = make([]byte, n)
-	}
-	b := (*buf)[:n]
-	if err := s.mem.ReadVRAM(b, phys); err != nil {
-		return nil, fmt.Errorf("read guest tables at %#x (+%#x): %w", phys, n, err)
-	}
-	st.BytesRead += int(n)
-	return b, nil
-}
-
 // scanPDEs processes the guest PDEs first, first+1, … whose bytes are raw.
 // With full set every PDE's tables are rescanned; otherwise only PDEs whose
 // guest value changed are processed.
@@ -473,138 +493,30 @@ func (s *Space) syncTable(i int, large, present, sys bool, guestAddr uint64, ent
 	return t.shadow, true, nil
 }
 
-// scanTable re-reads guest PTEs [from, to) of t, translates them and writes
-// the shadow entries that changed (all of them with writeAll).
-func (s *Space) scanTable(t *table, from, to int, writeAll bool, st *Stats) error {
-	if to <= from {
-		return nil
-	}
-	phys, ok := s.tr.VRAMAddr(t.guest+uint64(from)*nvc0.PTESize, uint64(to-from)*nvc0.PTESize)
-	if !ok { // cannot happen: the whole table was checked when linked
-		return fmt.Errorf("guest table at %#x: %w", t.guest, ErrOutsideSlice)
-	}
-	raw, err := s.readGuest(&s.rbuf, phys, uint64(to-from)*nvc0.PTESize, st)
-	if err != nil {
-		return err
-	}
-	next := s.next[:to-from]
-	translate := s.tr.PTE
-	if t.large {
-		translate = s.tr.LargePTE
-	}
-	// The shadow entry is a function of the guest entry alone, so a guest
-	// entry equal to the one last translated keeps its shadow entry: a
-	// rescan of unchanged tables is a comparison, not a translation.
-	cur, last := t.cur[from:to], t.guestRaw[from:to]
-	dropped, priv := 0, 0
-	for j := range next {
-		v := binary.LittleEndian.Uint64(raw[j*nvc0.PTESize:])
-		lo := uint32(v)
-		if lo&nvc0.PTEPresent == 0 {
-			next[j] = 0
-			continue
-		}
-		if lo&nvc0.PTEPrivileged != 0 {
-			priv++
-		}
-		if v == last[j] && !writeAll {
-			next[j] = cur[j]
-			if cur[j] == 0 {
-				dropped++
-			}
-			continue
-		}
-		sp, ok := translate(nvc0.DecodePTE(lo, uint32(v>>32)))
-		if !ok {
-			dropped++
-			next[j] = 0
-			continue
-		}
-		slo, shi := sp.Encode()
-		next[j] = uint64(slo) | uint64(shi)<<32
-	}
-	st.PTEsScanned += to - from
-	st.PTEsDropped += dropped
-	st.PrivCleared += priv
-	if from == 0 && to == t.entries {
-		t.gen = s.gen
-	}
-	if err := s.commit(t.shadow+uint64(from)*nvc0.PTESize, nvc0.PTESize, cur, next, writeAll, st); err != nil {
-		return fmt.Errorf("write shadow table at %#x: %w", t.shadow, err)
-	}
-	// Only now does cur hold the translation of these guest entries.
-	for j := range last {
-		last[j] = binary.LittleEndian.Uint64(raw[j*nvc0.PTESize:])
-	}
-	return nil
-}
-
-// commit writes the entries of next that differ from cur (all of them with
-// writeAll) to the shadow structure whose entry 0 is at base, entries being
-// stride (8) bytes, coalescing adjacent changed entries into one write, and
-// updates cur.
-func (s *Space) commit(base, stride uint64, cur, next []uint64, writeAll bool, st *Stats) error {
-	if writeAll {
-		return s.writeRun(base, cur, next, st)
-	}
-	for j := 0; j < len(next); {
-		if cur[j] == next[j] {
-			j++
-			continue
-		}
-		k := j + 1
-		for k < len(next) && cur[k] != next[k] {
-			k++
-		}
-		if err := s.writeRun(base+uint64(j)*stride, cur[j:k], next[j:k], st); err != nil {
-			return err
-		}
-		j = k
-	}
-	return nil
-}
-
-// entryBytes is the size of the entries commit and writeRun handle: a PDE or
-// a PTE, two little-endian 32-bit words held in a uint64 as lo | hi<<32.
-const entryBytes = nvc0.PTESize
-
-// PDEs and PTEs must have the same size (this fails to compile otherwise).
-const _ = uint(nvc0.PDESize-nvc0.PTESize) + uint(nvc0.PTESize-nvc0.PDESize)
-
-// writeRun writes the entries next at addr and copies them to cur.
-func (s *Space) writeRun(addr uint64, cur, next []uint64, st *Stats) error {
-	n := len(next) * entryBytes
-	if cap(s.wbuf) < n {
-		s.wbuf = make([]byte, max(n, nvc0.SmallPTSize))
-	}
-	b := s.wbuf[:n]
-	for j, v := range next {
-		binary.LittleEndian.PutUint64(b[j*entryBytes:], v)
-	}
-	if err := s.mem.WriteVRAM(b, addr); err != nil {
-		return fmt.Errorf("write %#x bytes at %#x: %w", n, addr, err)
-	}
-	copy(cur, next)
-	st.EntriesWritten += len(next)
-	st.BytesWritten += n
-	return nil
-}
-
 func (s *Space) freeTable(t *table) error {
 	s.shadowBytes -= t.bytes()
-	if err := s.alloc.Free(t.shadow); err != nil {
+	if err := s.free(t.shadow); err != nil {
 		return fmt.Errorf("free shadow table at %#x: %w", t.shadow, err)
 	}
 	return nil
 }
 
+// watchRange records o as an owner of the guest pages of [guestAddr,
+// +size); the tracker learns of a page once per kind of owner, however many
+// PDEs name it, so a write costs one notification, not one per PDE.
 func (s *Space) watchRange(guestAddr, size uint64, o owner) {
+	k := o.trackKind()
 	for p := guestAddr >> nvc0.PageShift; p <= (guestAddr+size-1)>>nvc0.PageShift; p++ {
+		first := !slices.Contains(ownerKinds(s.watch[p]), k)
 		s.watch[p] = append(s.watch[p], o)
+		if first && s.tracker != nil {
+			s.tracker.Watch(s, k, p<<nvc0.PageShift, nvc0.PageSize)
+		}
 	}
 }
 
 func (s *Space) unwatchRange(guestAddr, size uint64, o owner) {
+	k := o.trackKind()
 	for p := guestAddr >> nvc0.PageShift; p <= (guestAddr+size-1)>>nvc0.PageShift; p++ {
 		os := s.watch[p]
 		if i := slices.Index(os, o); i >= 0 {
@@ -615,12 +527,16 @@ func (s *Space) unwatchRange(guestAddr, size uint64, o owner) {
 		} else {
 			s.watch[p] = os
 		}
+		if s.tracker != nil && !slices.Contains(ownerKinds(os), k) {
+			s.tracker.Unwatch(s, k, p<<nvc0.PageShift, nvc0.PageSize)
+		}
 	}
 }
 
-// Close frees the shadow page directory and every shadow table. The space
-// must no longer be referenced by a shadow RAMIN the GPU may use. Close is
-// idempotent.
+// Close frees the shadow page directory and every shadow table (through the
+// retire hook when the space belongs to a Manager). The space must no
+// longer be referenced by a shadow RAMIN a running channel may use. Close
+// is idempotent.
 func (s *Space) Close() error {
 	if s.closed {
 		return nil
@@ -628,7 +544,7 @@ func (s *Space) Close() error {
 	s.closed = true
 	var errs []error
 	free := func(addr uint64) {
-		if err := s.alloc.Free(addr); err != nil {
+		if err := s.free(addr); err != nil {
 			errs = append(errs, fmt.Errorf("free shadow memory at %#x: %w", addr, err))
 		}
 	}
@@ -646,6 +562,13 @@ func (s *Space) Close() error {
 	s.zombies = nil
 	free(s.shadowPD)
 	s.shadowBytes = 0
+	if s.tracker != nil {
+		for p, os := range s.watch {
+			for _, k := range ownerKinds(os) {
+				s.tracker.Unwatch(s, k, p<<nvc0.PageShift, nvc0.PageSize)
+			}
+		}
+	}
 	clear(s.watch)
 	clear(s.dirty)
 	if len(errs) > 0 {
