@@ -36,9 +36,19 @@ type Options struct {
 	Mode func(Guest) string
 	// Quota returns a guest's channel and VRAM quota within its slot (nil,
 	// or zeros: the whole slot).
-	Quota  func(Guest) (channels int, vram uint64)
-	Logger *slog.Logger
+	Quota func(Guest) (channels int, vram uint64)
+	// PollDoorbells makes the aggregator find doorbells by polling the
+	// guests' user areas every PollInterval (GPUvm's "sidecore", thesis
+	// §4.4) instead of trapping GP_PUT writes; the user-area pages may then
+	// be passed through with BAR remap. Default: trapped doorbells.
+	PollDoorbells bool
+	PollInterval  time.Duration // default 50 µs
+	Logger        *slog.Logger
 }
+
+// ErrDuplicate is returned when a guest claims the domid or name of a VM
+// that has a vGPU already.
+var ErrDuplicate = errors.New("already has a vGPU")
 
 // ErrNoSlot is returned when every VM slot is taken.
 var ErrNoSlot = errors.New("every vGPU slot is in use")
@@ -56,8 +66,9 @@ type Aggregator struct {
 	stop         context.CancelFunc
 	stopped      chan struct{}
 
-	mu    sync.Mutex
-	vgpus []*VGPU // by slot; nil = free
+	mu     sync.Mutex
+	vgpus  []*VGPU        // by slot; nil = free
+	broken map[int]string // slots out of service (a channel that would not stop), with the reason
 }
 
 // New takes ownership of the physical GPU: it partitions it and brings up the
@@ -85,14 +96,31 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 			return nil, err
 		}
 	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 50 * time.Microsecond
+	}
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
-		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), stopped: make(chan struct{})}
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{},
+		stopped: make(chan struct{})}
 	a.disp = newDispatcher(a, opts.Policy, opts.Watchdog)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.stop = cancel
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(a.stopped)
+		defer wg.Done()
 		a.disp.run(ctx)
+	}()
+	if opts.PollDoorbells {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.pollLoop(ctx, opts.PollInterval)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(a.stopped)
 	}()
 	return a, nil
 }
@@ -101,12 +129,25 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 func (a *Aggregator) Layout() Layout { return a.layout }
 
 // Attach gives a guest a vGPU in the first free slot. ramFile is the guest's
-// RAM (a sealed memfd of ramSize bytes).
+// RAM (a sealed memfd of ramSize bytes). A guest whose domid or name has a
+// vGPU already (or one still being torn down) is refused: one live vGPU per
+// domain.
 func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, error) {
 	a.mu.Lock()
+	for _, v := range a.vgpus {
+		switch {
+		case v == nil:
+		case v.Guest.DomID == g.DomID:
+			a.mu.Unlock()
+			return nil, fmt.Errorf("attach %s (domid %d): domid %d %w (vGPU %d, guest %q)", g.Name, g.DomID, g.DomID, ErrDuplicate, v.ID, v.Guest.Name)
+		case v.Guest.Name == g.Name:
+			a.mu.Unlock()
+			return nil, fmt.Errorf("attach %s (domid %d): name %q %w (vGPU %d, domid %d)", g.Name, g.DomID, g.Name, ErrDuplicate, v.ID, v.Guest.DomID)
+		}
+	}
 	slot := -1
 	for i, v := range a.vgpus {
-		if v == nil {
+		if _, broken := a.broken[i]; v == nil && !broken {
 			slot = i
 			break
 		}
@@ -115,7 +156,7 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 		a.mu.Unlock()
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, ErrNoSlot)
 	}
-	a.vgpus[slot] = &VGPU{} // hold the slot while building
+	a.vgpus[slot] = &VGPU{ID: slot, Guest: g} // hold the slot (and the identity) while building
 	a.mu.Unlock()
 	v, err := a.attach(a.layout.Slots[slot], g, ramFile, ramSize)
 	a.mu.Lock()
@@ -130,24 +171,42 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 	}
 	if err := a.disp.addVM(v, weight); err != nil {
 		a.vgpus[slot] = nil
-		return nil, errors.Join(fmt.Errorf("attach %s: scheduler: %w", g.Name, err), v.teardown())
+		_, terr := v.teardown()
+		return nil, errors.Join(fmt.Errorf("attach %s: scheduler: %w", g.Name, err), terr)
 	}
 	a.vgpus[slot] = v
 	v.log.Info("vGPU attached", "mode", g.Mode, "vram_mib", v.Slot.VRAM.Size>>20, "channels", v.Slot.Chans)
 	return v, nil
 }
 
-// Detach tears a vGPU down (channels killed, VRAM scrubbed) and frees its slot.
+// Detach tears a vGPU down (every channel of the slot stopped, shadows
+// freed, VRAM scrubbed, RAM unregistered) and frees its slot — or, if a
+// channel would not stop, takes the slot out of service with the reason.
+// The slot stays held until the teardown is over. Detach is idempotent.
 func (a *Aggregator) Detach(v *VGPU) error {
-	a.disp.removeVM(v)
-	err := v.teardown()
+	clean, err := v.teardown()
 	a.mu.Lock()
 	if a.vgpus[v.ID] == v {
 		a.vgpus[v.ID] = nil
+		if !clean {
+			a.broken[v.ID] = fmt.Sprintf("a channel of %s (domid %d) did not stop: %v", v.Guest.Name, v.Guest.DomID, err)
+			v.log.Error("slot out of service", "reason", a.broken[v.ID])
+		}
+		v.log.Info("vGPU detached", "err", err)
 	}
 	a.mu.Unlock()
-	v.log.Info("vGPU detached", "err", err)
 	return err
+}
+
+// OutOfService returns the slots taken out of service, with the reasons.
+func (a *Aggregator) OutOfService() map[int]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[int]string{}
+	for k, r := range a.broken {
+		out[k] = r
+	}
+	return out
 }
 
 // VGPUs returns the attached vGPUs.
@@ -156,7 +215,7 @@ func (a *Aggregator) VGPUs() []*VGPU {
 	defer a.mu.Unlock()
 	var out []*VGPU
 	for _, v := range a.vgpus {
-		if v != nil && v.shadows != nil {
+		if v != nil && v.shadows != nil && v.agg != nil {
 			out = append(out, v)
 		}
 	}

@@ -8,6 +8,20 @@ import (
 	"github.com/gpuvm/gpuvm/shadow"
 )
 
+// Channel lifetimes.
+//
+// A guest channel's shadow RAMIN (and the shadow page directory and user
+// area it names) may change only while the physical channel is stopped:
+// disabled, off the playlist and preempted, so that no run still uses what
+// the change frees (the board reads a RAMIN when a run starts and keeps
+// using it for the whole run, as a GPU keeps a loaded context). The guest
+// sees hardware semantics: a RAMIN it rewrites while the channel is enabled
+// takes effect when it next enables the channel; disabling a channel stops
+// it (the trap completes once the GPU has let go of it, as nouveau's
+// gf100_chan_stop + preempt would); changing the instance of an enabled
+// channel is refused. Freed shadow memory is retired, and reused only after
+// a TLB flush of the page directory that may still name it (VGPU.reclaim).
+
 // guestVRAMRead32 reads the guest's VRAM at guest address g, if inside its slice.
 func (v *VGPU) guestVRAMRead32(g uint64) (uint32, bool) {
 	phys, ok := v.tr.VRAMAddr(g, 4)
@@ -22,7 +36,8 @@ func (v *VGPU) guestVRAMRead32(g uint64) (uint32, bool) {
 }
 
 // guestVRAMWrite32 writes the guest's VRAM at guest address g, if inside its
-// slice, after telling the shadows (a watched RAMIN or page-table page).
+// slice, then tells the page tracker (a watched RAMIN, page table or user
+// area).
 func (v *VGPU) guestVRAMWrite32(g uint64, val uint32) bool {
 	phys, ok := v.tr.VRAMAddr(g, 4)
 	if !ok || g%4 != 0 {
@@ -37,7 +52,7 @@ func (v *VGPU) guestVRAMWrite32(g uint64, val uint32) bool {
 	return true
 }
 
-// noteGuestWrite tells the shadows about a CPU write the aggregator saw.
+// noteGuestWrite tells the page tracker about a CPU write the aggregator saw.
 func (v *VGPU) noteGuestWrite(g, n uint64) {
 	v.shadows.NoteWrite(g, n)
 }
@@ -55,8 +70,15 @@ func chanTableRead(v *VGPU, off uint32) uint32 {
 	if word == 0 {
 		return c.inst
 	}
+	val := c.ctl &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
+	if c.killed {
+		return val | nvc0.ChanCtlFaulted
+	}
+	if !c.running {
+		return val
+	}
 	status := v.agg.gpu.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))))
-	return c.ctl&^(nvc0.ChanCtlBusy|nvc0.ChanCtlFaulted) | status&(nvc0.ChanCtlBusy|nvc0.ChanCtlFaulted)
+	return val | status&(nvc0.ChanCtlBusy|nvc0.ChanCtlFaulted)
 }
 
 func chanTableWrite(v *VGPU, off, val uint32) {
@@ -64,7 +86,7 @@ func chanTableWrite(v *VGPU, off, val uint32) {
 	if i >= len(v.chans) {
 		v.deny("write", nvc0.BAR0, uint64(off), val)
 		if val != 0 {
-			v.log.Info("channel quota: channel refused", "channel", i, "quota", len(v.chans))
+			v.gripeLog("channel quota: channel refused", "channel", i, "quota", len(v.chans))
 		}
 		return
 	}
@@ -76,16 +98,20 @@ func chanTableWrite(v *VGPU, off, val uint32) {
 	}
 	if err != nil {
 		v.ctr.denied.Add(1)
-		v.log.Warn("channel table write refused", "channel", i, "word", word, "value", val, "err", err)
+		v.gripeLog("channel table write refused", "channel", i, "word", word, "value", val, "err", err)
 	}
 }
 
 // setChannelInst points guest channel i at a guest RAMIN: the physical
-// channel gets a shadow RAMIN instead.
+// channel gets a shadow RAMIN instead. The channel must be disabled (so
+// stopped): its old shadow is then free to go.
 func (v *VGPU) setChannelInst(i int, val uint32) error {
 	c := &v.chans[i]
-	if c.enabled {
+	if c.enabled || c.running {
 		return fmt.Errorf("instance of enabled channel %d changed", i)
+	}
+	if c.wedged {
+		return fmt.Errorf("channel %d is out of service", i)
 	}
 	if val == c.inst && c.sh != nil {
 		return nil
@@ -116,14 +142,18 @@ func (v *VGPU) setChannelInst(i int, val uint32) error {
 	return nil
 }
 
-// setChannelCtl enables or disables guest channel i.
+// setChannelCtl enables or disables guest channel i. Enabling starts the
+// physical channel on a current, valid shadow; disabling stops it (the one
+// stop path), so that what it used may change or go.
 func (v *VGPU) setChannelCtl(i int, val uint32) error {
 	c := &v.chans[i]
 	enable := val&nvc0.ChanCtlEnable != 0
-	if enable && c.sh == nil {
+	switch {
+	case enable && c.wedged:
+		return fmt.Errorf("channel %d is out of service", i)
+	case enable && c.sh == nil:
 		return fmt.Errorf("enable of channel %d without an instance", i)
-	}
-	if enable && !c.enabled {
+	case enable && !c.running:
 		// The channel is about to become runnable: its shadow RAMIN must be
 		// current and valid (its page tables are scanned at activation).
 		if c.sh.Dirty() {
@@ -132,16 +162,59 @@ func (v *VGPU) setChannelCtl(i int, val uint32) error {
 		if !c.sh.Valid() {
 			return fmt.Errorf("enable of channel %d: %w", i, c.sh.Err())
 		}
+		c.ctl, c.enabled, c.killed = val, true, false
+		v.startChannel(i)
+		return nil
+	case !enable && c.running:
+		c.ctl, c.enabled = val, false
+		return v.stopChannel(i)
 	}
-	c.ctl = val
-	c.enabled = enable
-	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))), val&(nvc0.ChanCtlDefault))
+	c.ctl, c.enabled = val, enable && !c.killed
 	return nil
 }
 
-// submitPlaylist reads the guest's playlist from its VRAM and puts its
-// listed, valid channels on the physical playlist (merged with every other
-// VM's).
+// startChannel enables guest channel i's physical channel: a fresh channel
+// (the board clears GP_GET) whose shadow GP_PUT is 0 too, so the GPU runs
+// nothing until the dispatcher releases a submission.
+func (v *VGPU) startChannel(i int) {
+	c := &v.chans[i]
+	c.put = 0
+	var zero [4]byte
+	if err := v.agg.gpu.WriteVRAM(zero[:], c.sh.ShadowUserArea()+nvc0.UserGPPut); err != nil {
+		v.log.Error("reset shadow GP_PUT", "channel", i, "err", err)
+	}
+	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))), nvc0.ChanCtlDefault)
+	c.running = true
+	v.syncPlaylist()
+}
+
+// stopChannel is the one stop path for a guest channel — used when the
+// guest disables it, by the watchdog and at teardown (which stops the
+// whole slot at once, see teardown): the physical channel is disabled,
+// taken off the playlist and preempted, and the trap returns once the GPU
+// no longer runs it. Its queued and in-flight submissions end. A stop that
+// never completes takes the channel out of service for good.
+func (v *VGPU) stopChannel(i int) error {
+	c := &v.chans[i]
+	wedged, err := v.agg.phys.stop(v.phys(i))
+	c.running, c.inList = false, false
+	v.agg.disp.channelStopped(v, i)
+	if len(wedged) > 0 {
+		c.wedged = true
+		v.wedged++
+		v.ctr.wedged.Add(1)
+		v.log.Error("channel stop did not complete: channel out of service", "channel", i, "err", err)
+		return fmt.Errorf("stop of channel %d: %w", i, err)
+	}
+	if err != nil {
+		v.log.Error("channel stop", "channel", i, "err", err)
+	}
+	return nil
+}
+
+// submitPlaylist reads the guest's playlist from its VRAM and records which
+// of its channels it lists; the physical playlist (merged with every other
+// VM's) holds those that are also running.
 func (v *VGPU) submitPlaylist(val uint32) {
 	count := int(val & nvc0.PlaylistCountMask)
 	if count > len(v.chans) {
@@ -158,11 +231,21 @@ func (v *VGPU) submitPlaylist(val uint32) {
 		}
 		listed[id] = true
 	}
+	for i := range v.chans {
+		v.chans[i].listed = listed[i]
+	}
+	v.syncPlaylist()
+}
+
+// syncPlaylist puts the guest's running, listed channels on the physical
+// playlist and takes the others off.
+func (v *VGPU) syncPlaylist() {
 	change := map[int]bool{}
 	for i := range v.chans {
-		if v.chans[i].listed != listed[i] {
-			change[v.phys(i)] = listed[i]
-			v.chans[i].listed = listed[i]
+		c := &v.chans[i]
+		if want := c.listed && c.running; c.inList != want {
+			change[v.phys(i)] = want
+			c.inList = want
 		}
 	}
 	if len(change) == 0 {
@@ -173,16 +256,16 @@ func (v *VGPU) submitPlaylist(val uint32) {
 	}
 }
 
-// killChannel kills guest channel val on the board.
-func (v *VGPU) killChannel(off, val uint32) {
-	if int(val) >= len(v.chans) {
+// preemptWrite handles a guest write of RegPreempt. The aggregator already
+// stopped the channel if the guest disabled it (the stop sequence nouveau
+// runs: disable, then preempt), and releases an enabled channel's work only
+// through its scheduler, so there is nothing to do on the board: the
+// preempt completes inside the trap.
+func preemptWrite(v *VGPU, off, val uint32) {
+	if val&^uint32(nvc0.PreemptChanMask) != 0 || int(val) >= len(v.chans) {
 		v.deny("write", nvc0.BAR0, uint64(off), val)
 		return
 	}
-	if err := v.agg.phys.kill(v.phys(int(val))); err != nil {
-		v.log.Error("channel kill", "channel", val, "err", err)
-	}
-	v.chans[val].enabled = false
 	v.emu[off] = val
 }
 
@@ -196,7 +279,7 @@ func (v *VGPU) tlbFlush(trigger uint32) {
 	pd := uint64(v.emu[nvc0.RegTLBFlushPD]) << nvc0.TLBFlushPDShift
 	if trigger&nvc0.TLBFlushTypeBARVM != 0 {
 		for _, b := range v.bars {
-			if b.guestPD == pd && b.valid {
+			if b.sp.GuestPD() == pd {
 				b.rebuild()
 			}
 		}
@@ -214,7 +297,9 @@ func (v *VGPU) tlbFlush(trigger uint32) {
 }
 
 // syncSpace brings a shadow space up to date and flushes the physical TLB if
-// anything changed.
+// anything changed — also when the scan failed part way (over the shadow
+// budget, say): the entries it did write must not stay hidden behind stale
+// translations.
 func (v *VGPU) syncSpace(s *shadow.Space) {
 	var st shadow.Stats
 	var err error
@@ -223,28 +308,30 @@ func (v *VGPU) syncSpace(s *shadow.Space) {
 	} else {
 		st, err = s.Sync()
 	}
+	if st.Changed() {
+		if ferr := v.agg.phys.flush(s.ShadowPD(), false); ferr != nil {
+			v.log.Error("physical TLB flush", "err", ferr)
+		}
+	}
 	if err != nil {
-		v.log.Warn("shadow scan", "guest_pd", s.GuestPD(), "err", err)
+		v.ctr.scanErrors.Add(1)
+		v.gripeLog("shadow scan", "guest_pd", s.GuestPD(), "err", briefErr(err))
 		return
 	}
 	v.synced[s] = true
 	delete(v.stale, s)
-	if st.Changed() {
-		if err := v.agg.phys.flush(s.ShadowPD(), false); err != nil {
-			v.log.Error("physical TLB flush", "err", err)
-		}
-	}
 	v.updateRemap()
 }
 
 // activate makes guest channel i ready to run: GPUvm's lazy shadowing scans
-// here (doorbell, context bind, copy-engine bind).
+// here (doorbell, context bind, copy-engine bind). A RAMIN the guest
+// rewrote while the channel runs is not applied (see Channel lifetimes).
 func (v *VGPU) activate(i int) error {
 	c := &v.chans[i]
 	if c.sh == nil {
 		return fmt.Errorf("channel %d has no instance", i)
 	}
-	if c.sh.Dirty() {
+	if c.sh.Dirty() && !c.running {
 		if err := c.sh.Refresh(); err != nil {
 			return err
 		}
@@ -262,42 +349,6 @@ func (v *VGPU) activate(i int) error {
 	return nil
 }
 
-// mapPollPage points the physical poll-area page of guest channel i at the
-// channel's (translated) user area, so the dispatcher's physical doorbell
-// reaches it.
-func (v *VGPU) mapPollPage(i int) error {
-	c := &v.chans[i]
-	user := c.sh.UserArea()
-	if c.polled == user {
-		return nil
-	}
-	p := v.agg.phys
-	va := p.layout.PollArea.Base + uint64(v.phys(i))*nvc0.UserAreaSize
-	if err := p.setBARPTEs(&p.bar1, va, []nvc0.PTE{{Present: true, Addr: user, Target: nvc0.TargetVRAM}}); err != nil {
-		return err
-	}
-	if err := p.flush(p.bar1.pd, true); err != nil {
-		return err
-	}
-	c.polled = user
-	return nil
-}
-
-// unmapPollPage clears guest channel i's physical poll-area page.
-func (v *VGPU) unmapPollPage(i int) error {
-	c := &v.chans[i]
-	if c.polled == 0 {
-		return nil
-	}
-	p := v.agg.phys
-	va := p.layout.PollArea.Base + uint64(v.phys(i))*nvc0.UserAreaSize
-	c.polled = 0
-	if err := p.setBARPTEs(&p.bar1, va, []nvc0.PTE{{}}); err != nil {
-		return err
-	}
-	return p.flush(p.bar1.pd, true)
-}
-
 // channelByInst finds the guest channel whose instance is the guest RAMIN in
 // an instance-style register value.
 func (v *VGPU) channelByInst(val uint32) (int, bool) {
@@ -308,87 +359,4 @@ func (v *VGPU) channelByInst(val uint32) (int, bool) {
 		}
 	}
 	return 0, false
-}
-
-// fecsCommand runs a guest FECS command on the board with the instance
-// translated to the shadow.
-func (v *VGPU) fecsCommand(cmd uint32) {
-	data := v.emu[nvc0.RegFECSData]
-	i, ok := v.channelByInst(data)
-	if cmd != nvc0.FECSCmdBindPointer || data&nvc0.FECSBindValid == 0 || !ok {
-		v.deny("FECS command", nvc0.BAR0, nvc0.RegFECSCmd, cmd)
-		return
-	}
-	if err := v.activate(i); err != nil {
-		v.deny("FECS bind", nvc0.BAR0, nvc0.RegFECSCmd, data)
-		return
-	}
-	if err := v.agg.phys.fecsBind(v.chans[i].sh.ShadowRAMIN()); err != nil {
-		v.log.Error("FECS bind", "err", err)
-		return
-	}
-	v.emu[nvc0.RegFECSStatus] |= nvc0.FECSDone
-}
-
-// copyBind binds a copy engine to a guest channel's (shadow) instance.
-func (v *VGPU) copyBind(reg, val uint32) {
-	i, ok := v.channelByInst(val)
-	if val&nvc0.CopyInstValid == 0 || !ok || v.activate(i) != nil {
-		v.deny("copy-engine bind", nvc0.BAR0, uint64(reg), val)
-		return
-	}
-	v.agg.gpu.Write32(nvc0.BAR0, uint64(reg), nvc0.InstEncode(v.chans[i].sh.ShadowRAMIN(), nvc0.CopyInstValid))
-}
-
-// doorbell handles a guest GP_PUT write for guest channel i.
-func (v *VGPU) doorbell(i int, put uint32) {
-	v.ctr.doorbells.Add(1)
-	c := &v.chans[i]
-	c.put = put
-	if !c.enabled {
-		return
-	}
-	if err := v.activate(i); err != nil {
-		v.log.Warn("doorbell refused", "channel", i, "err", err)
-		v.ctr.denied.Add(1)
-		return
-	}
-	entries, err := v.gpfifoEntries(c)
-	if err != nil || put >= entries {
-		v.log.Warn("doorbell refused", "channel", i, "put", put, "err", err)
-		v.ctr.denied.Add(1)
-		return
-	}
-	v.agg.disp.submit(&submission{v: v, ch: i, phys: v.phys(i), put: put, entries: entries, user: c.sh.UserArea()})
-}
-
-// gpfifoEntries reads the GPFIFO size the GPU uses for a channel: the one
-// in its shadow RAMIN (bounded by the shadow).
-func (v *VGPU) gpfifoEntries(c *vchan) (uint32, error) {
-	var b [8]byte
-	if err := v.agg.gpu.ReadVRAM(b[:], c.sh.ShadowRAMIN()+nvc0.RAMINGPFIFOLo); err != nil {
-		return 0, err
-	}
-	_, n := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(b[:]), binary.LittleEndian.Uint32(b[4:]))
-	return n, nil
-}
-
-// refreshFault reads the board's fault report and, if it names one of this
-// VM's channels, keeps a translated copy (guest instance, guest channel id).
-func (v *VGPU) refreshFault() {
-	g := v.agg.gpu
-	status := g.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
-	inst := g.Read32(nvc0.BAR0, nvc0.RegFaultInst)
-	p := int((status >> nvc0.FaultChanShift) & nvc0.FaultChanMask)
-	if inst&nvc0.FaultValid == 0 || p < v.Slot.ChanBase || p >= v.Slot.ChanBase+v.Slot.Chans {
-		return
-	}
-	i := p - v.Slot.ChanBase
-	v.fault = [4]uint32{
-		nvc0.FaultValid | v.chans[i].inst&nvc0.ChanInstMask,
-		g.Read32(nvc0.BAR0, nvc0.RegFaultAddrLo),
-		g.Read32(nvc0.BAR0, nvc0.RegFaultAddrHi),
-		status&^(nvc0.FaultChanMask<<nvc0.FaultChanShift) | uint32(i)<<nvc0.FaultChanShift,
-	}
-	v.intr |= nvc0.PFIFOIntrMMUFault
 }

@@ -3,6 +3,8 @@ package aggregator
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/gpuvm/gpuvm/shadow"
 )
 
 // Counters are one vGPU's event counts. The JSON names are those of
@@ -18,7 +20,13 @@ type Counters struct {
 	PTEsScanned           uint64
 	ShadowNs              uint64 // time spent building shadows
 	Doorbells             uint64
+	PolledDoorbells       uint64 // doorbells found by polling user areas (polled-doorbell mode)
 	RemappedPages         uint64 // aperture pages currently passed through
+	TrackedPages          uint64 // guest pages the page tracker watches now
+	ScanErrors            uint64 // shadow scans that failed (over the shadow budget, say)
+	WatchdogStops         uint64 // channels the watchdog stopped
+	WedgedChannels        uint64 // channels whose stop never completed (out of service)
+	LogSuppressed         uint64 // guest-caused log lines held back by the rate limit
 }
 
 // Map returns the counters under their report names.
@@ -29,7 +37,9 @@ func (c Counters) Map() map[string]uint64 {
 		"bar3_reads": c.BAR3Reads, "bar3_writes": c.BAR3Writes,
 		"denied": c.Denied, "tlb_flushes": c.TLBFlushes, "scans": c.Scans,
 		"incremental_scans": c.IncrementalScans, "ptes_scanned": c.PTEsScanned,
-		"shadow_ns": c.ShadowNs, "doorbells": c.Doorbells, "remapped_pages": c.RemappedPages,
+		"shadow_ns": c.ShadowNs, "doorbells": c.Doorbells, "polled_doorbells": c.PolledDoorbells,
+		"remapped_pages": c.RemappedPages, "tracked_pages": c.TrackedPages, "scan_errors": c.ScanErrors,
+		"watchdog_stops": c.WatchdogStops, "wedged_channels": c.WedgedChannels, "log_suppressed": c.LogSuppressed,
 	}
 }
 
@@ -59,31 +69,51 @@ func Report(flat map[string]uint64) map[string]any {
 // per-run deltas).
 func CounterNames() []string {
 	return []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes",
-		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells"}
+		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells",
+		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed"}
 }
 
 // counters is the live, atomically updated form.
 type counters struct {
-	reads, writes [6]atomic.Uint64
-	denied        atomic.Uint64
-	tlbFlushes    atomic.Uint64
-	doorbells     atomic.Uint64
+	reads, writes   [6]atomic.Uint64
+	denied          atomic.Uint64
+	tlbFlushes      atomic.Uint64
+	doorbells       atomic.Uint64
+	polledDoorbells atomic.Uint64
+	scanErrors      atomic.Uint64
+	watchdogStops   atomic.Uint64
+	wedged          atomic.Uint64
 }
 
 func (v *VGPU) snapshot() Counters {
 	c := &v.ctr
 	sh := v.shadows.Counters()
+	var bar shadow.Counters
+	for _, b := range v.bars {
+		if b != nil {
+			t := b.sp.Totals()
+			bar.FullScans += t.FullScans
+			bar.PTEsScanned += t.PTEsScanned
+			bar.ShadowTime += t.ShadowTime
+		}
+	}
 	return Counters{
 		BAR0Reads: c.reads[0].Load(), BAR0Writes: c.writes[0].Load(),
 		BAR1Reads: c.reads[1].Load(), BAR1Writes: c.writes[1].Load(),
 		BAR3Reads: c.reads[3].Load(), BAR3Writes: c.writes[3].Load(),
 		Denied:           c.denied.Load(),
 		TLBFlushes:       c.tlbFlushes.Load(),
-		Scans:            sh.FullScans + sh.IncrementalScans + v.barScans,
+		Scans:            sh.FullScans + sh.IncrementalScans + bar.FullScans,
 		IncrementalScans: sh.IncrementalScans,
-		PTEsScanned:      sh.PTEsScanned + v.barPTEs,
-		ShadowNs:         uint64((sh.ShadowTime + v.barShadowTime) / time.Nanosecond),
+		PTEsScanned:      sh.PTEsScanned + bar.PTEsScanned,
+		ShadowNs:         uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
 		Doorbells:        c.doorbells.Load(),
+		PolledDoorbells:  c.polledDoorbells.Load(),
 		RemappedPages:    uint64(v.remappedPages()),
+		TrackedPages:     uint64(v.shadows.Tracker().Pages()),
+		ScanErrors:       c.scanErrors.Load(),
+		WatchdogStops:    c.watchdogStops.Load(),
+		WedgedChannels:   c.wedged.Load(),
+		LogSuppressed:    v.gripe.Suppressed(),
 	}
 }

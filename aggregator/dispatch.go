@@ -15,18 +15,29 @@ import (
 	"github.com/gpuvm/gpuvm/sched"
 )
 
-// submission is one trapped guest doorbell waiting for (or being given) the GPU.
+// submission is one guest doorbell waiting for (or being given) the GPU.
 type submission struct {
-	v        *VGPU
-	ch       int    // guest channel
-	phys     int    // physical channel
-	put      uint32 // GP_PUT the guest wrote
-	entries  uint32 // GPFIFO ring size
-	start    uint32 // GP_GET when released
-	user     uint64 // physical VRAM address of the channel's user area
-	queued   time.Duration
-	released time.Duration
+	v          *VGPU
+	ch         int    // guest channel
+	phys       int    // physical channel
+	put        uint32 // GP_PUT the guest wrote (a newer doorbell of a queued submission replaces it)
+	entries    uint32 // GPFIFO ring size
+	start      uint32 // GP_GET when released
+	shadowUser uint64 // the GPU's user area: GP_GET read there, GP_PUT written through the poll area
+	guestUser  uint64 // the guest's user area: GP_GET mirrored there
+	mirrored   uint32 // last GP_GET mirrored
+	queued     time.Duration
+	released   time.Duration
+	charged    time.Duration // GPU time the watchdog holds against it
+	// void: its channel was stopped. A queued void submission is released
+	// and completed without touching the GPU (so the policy's counts stay
+	// right); an in-flight one completes at the next reap.
+	void     bool
+	stopping bool // the watchdog is stopping its channel
 }
+
+// chanKey names a guest channel across VMs.
+type chanKey struct{ vm, ch int }
 
 // Usage is one completed submission's GPU time, for fairness reports.
 type Usage struct {
@@ -38,9 +49,12 @@ type Usage struct {
 // dispatcher is the one goroutine that releases guest submissions to the
 // physical doorbells, in the order the scheduling policy decides, and
 // measures each one's GPU time from release to completion by polling the
-// channel's GP_GET (no interrupts, as GPUvm). Submissions of one channel keep
-// their order. A submission that runs past the watchdog limit gets its
-// channel killed.
+// channel's GP_GET in its shadow user area, which only the GPU writes (no
+// interrupts, as GPUvm). Submissions of one channel keep their order, and a
+// channel has at most one queued submission: a newer doorbell raises its
+// put, so a doorbell flood costs nothing. A submission that holds the GPU
+// past the watchdog limit gets its channel stopped; the stop runs in its own
+// goroutine, so no lock the VMs' doorbells need is held across it.
 type dispatcher struct {
 	a        *Aggregator
 	policy   sched.Policy
@@ -52,13 +66,15 @@ type dispatcher struct {
 	mu       sync.Mutex
 	wake     chan struct{} // a submission arrived or a VM left
 	queues   map[int][]*submission
+	pending  map[chanKey]*submission // each channel's queued submission
 	inflight []*submission
+	lastTick time.Duration // when the watchdog last charged the in-flight submissions
 	freeRun  bool
 	freeEnd  time.Duration
 	deny     map[int]bool
 	usage    []Usage
 	record   bool
-	kills    map[int]uint64        // watchdog kills per vGPU
+	kills    map[int]uint64        // watchdog stops per vGPU
 	lastDone map[int]time.Duration // when each vGPU's last submission completed
 	lastEnd  time.Duration         // when the last submission of any VM completed
 	think    map[string]*Think     // by guest name, while recording
@@ -76,7 +92,7 @@ type Think struct {
 
 func newDispatcher(a *Aggregator, p sched.Policy, watchdog time.Duration) *dispatcher {
 	return &dispatcher{a: a, policy: p, clock: sched.NewRealClock(), watchdog: watchdog, poll: 20 * time.Microsecond,
-		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, kills: map[int]uint64{},
+		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, pending: map[chanKey]*submission{}, kills: map[int]uint64{},
 		lastDone: map[int]time.Duration{}, think: map[string]*Think{}}
 }
 
@@ -96,15 +112,56 @@ func (d *dispatcher) addVM(v *VGPU, weight int) error {
 
 func (d *dispatcher) removeVM(v *VGPU) {
 	d.mu.Lock()
+	for _, s := range d.queues[v.ID] {
+		delete(d.pending, chanKey{v.ID, s.ch})
+	}
 	delete(d.queues, v.ID)
 	_ = d.policy.RemoveVM(sched.VMID(v.ID), d.clock.Now())
 	d.mu.Unlock()
 	d.signal()
 }
 
-// submit queues a guest doorbell. It never blocks on the GPU.
+// dropVM forgets a departing VM's in-flight submissions (its channels are
+// stopped): the dispatcher touches nothing of the VM afterwards.
+func (d *dispatcher) dropVM(v *VGPU) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	keep := d.inflight[:0]
+	for _, s := range d.inflight {
+		if s.v != v {
+			keep = append(keep, s)
+		}
+	}
+	clear(d.inflight[len(keep):])
+	d.inflight = keep
+}
+
+// channelStopped voids a stopped channel's queued and in-flight
+// submissions (called with the VM's lock held, after the physical stop).
+func (d *dispatcher) channelStopped(v *VGPU, ch int) {
+	d.mu.Lock()
+	if s := d.pending[chanKey{v.ID, ch}]; s != nil {
+		s.void = true
+	}
+	for _, s := range d.inflight {
+		if s.v == v && s.ch == ch {
+			s.void = true
+		}
+	}
+	d.mu.Unlock()
+	d.signal()
+}
+
+// submit queues a guest doorbell, or raises the put of the channel's
+// queued submission. It never blocks on the GPU.
 func (d *dispatcher) submit(s *submission) {
 	d.mu.Lock()
+	k := chanKey{s.v.ID, s.ch}
+	if q := d.pending[k]; q != nil && !q.void {
+		q.put, q.entries = s.put, s.entries
+		d.mu.Unlock()
+		return
+	}
 	now := d.clock.Now()
 	s.queued = now
 	if last, ok := d.lastDone[s.v.ID]; ok && d.record && len(d.queues[s.v.ID]) == 0 {
@@ -123,6 +180,7 @@ func (d *dispatcher) submit(s *submission) {
 		delete(d.lastDone, s.v.ID)
 	}
 	d.queues[s.v.ID] = append(d.queues[s.v.ID], s)
+	d.pending[k] = s
 	err := d.policy.Submitted(sched.VMID(s.v.ID), now)
 	d.mu.Unlock()
 	if err != nil {
@@ -238,13 +296,21 @@ func (d *dispatcher) release(id int, now time.Duration) {
 		return
 	}
 	s := q[0]
+	q[0] = nil
 	d.queues[id] = q[1:]
+	if d.pending[chanKey{id, s.ch}] == s {
+		delete(d.pending, chanKey{id, s.ch})
+	}
 	if err := d.policy.Started(sched.VMID(id), now); err != nil {
 		d.log.Error("scheduler", "err", err)
 	}
 	s.released = now
-	s.start, _ = d.gpGet(s)
 	d.inflight = append(d.inflight, s)
+	if s.void {
+		return // completes at the next reap, without touching the GPU
+	}
+	s.start, _ = d.gpGet(s)
+	s.mirrored = s.start
 	d.a.phys.doorbell(s.phys, s.put)
 }
 
@@ -261,19 +327,34 @@ func (d *dispatcher) releaseAllowed(now time.Duration) {
 }
 
 // reap collects completed in-flight submissions: GP_GET reached their put,
-// the channel stopped, the VM left, or the watchdog fired.
+// the channel faulted or was stopped, or the VM left. It charges the time
+// since the last reap to each submission that holds the GPU — not to one
+// that waits for the compute engine while another channel's work runs on
+// it (the engine's status register names the channel it runs) — and has
+// the watchdog stop the channel of one charged past the limit.
 func (d *dispatcher) reap() {
+	now := d.clock.Now()
+	dt := now - d.lastTick
+	d.lastTick = now
+	onGR := -1
+	if len(d.inflight) > 1 {
+		if st := d.a.gpu.Read32(nvc0.BAR0, uint64(nvc0.RegEngineStatus(nvc0.EngineGR))); st&nvc0.EngineStatusBusy != 0 {
+			onGR = int(st & nvc0.EngineStatusChanMask)
+		}
+	}
 	keep := d.inflight[:0]
 	for _, s := range d.inflight {
-		now := d.clock.Now()
 		done, err := d.completed(s)
-		if !done && d.watchdog > 0 && now-s.released > d.watchdog {
-			d.kills[s.v.ID]++
-			d.log.Warn("watchdog: killing channel", "vgpu", s.v.ID, "channel", s.ch, "ran", now-s.released)
-			if kerr := d.a.phys.kill(s.phys); kerr != nil {
-				d.log.Error("watchdog kill", "err", kerr)
+		if !done && d.watchdog > 0 && !s.stopping {
+			if onGR < 0 || onGR == s.phys {
+				s.charged += dt
 			}
-			done = true
+			if s.charged > d.watchdog {
+				s.stopping = true
+				d.kills[s.v.ID]++
+				d.log.Warn("watchdog: stopping channel", "vgpu", s.v.ID, "name", s.v.Guest.Name, "channel", s.ch, "charged", s.charged)
+				go s.v.watchdogStop(s.ch)
+			}
 		}
 		if !done {
 			keep = append(keep, s)
@@ -294,17 +375,23 @@ func (d *dispatcher) reap() {
 			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: begin, End: now})
 		}
 	}
+	clear(d.inflight[len(keep):])
 	d.inflight = keep
 }
 
 // completed reports whether a released submission is over: GP_GET (which
 // the GPU advances after each entry's work) reached its put, or the channel
-// will never get there.
+// will never get there (stopped by the aggregator, or faulted). Everything
+// it reads only the GPU or the aggregator writes.
 func (d *dispatcher) completed(s *submission) (bool, error) {
+	if s.void {
+		return true, errors.New("channel stopped")
+	}
 	get, err := d.gpGet(s)
 	if err != nil {
 		return true, err
 	}
+	d.mirror(s, get)
 	// Done once GP_GET has travelled from where it was at release to put
 	// (in ring order: a later release on the channel may already have
 	// taken it further).
@@ -312,20 +399,46 @@ func (d *dispatcher) completed(s *submission) (bool, error) {
 	if dist(s.start, get) >= dist(s.start, s.put) {
 		return true, nil
 	}
-	ctl := d.a.gpu.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(s.phys)))
-	if ctl&nvc0.ChanCtlFaulted != 0 || ctl&nvc0.ChanCtlEnable == 0 {
-		return true, fmt.Errorf("channel %d stopped", s.phys)
+	if ctl := d.a.gpu.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(s.phys))); ctl&nvc0.ChanCtlFaulted != 0 {
+		return true, fmt.Errorf("channel %d faulted", s.phys)
 	}
 	return false, nil
 }
 
-// gpGet reads the channel's GP_GET from its user page.
+// mirror copies the GPU's GP_GET into the guest's user area, for guest
+// reads that do not trap (a passed-through poll page, PRAMIN).
+func (d *dispatcher) mirror(s *submission, get uint32) {
+	if get == s.mirrored || s.guestUser == 0 {
+		return
+	}
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], get)
+	if err := d.a.gpu.WriteVRAM(b[:], s.guestUser+nvc0.UserGPGet); err == nil {
+		s.mirrored = get
+	}
+}
+
+// gpGet reads the channel's GP_GET from its shadow user area.
 func (d *dispatcher) gpGet(s *submission) (uint32, error) {
 	var b [4]byte
-	if err := d.a.gpu.ReadVRAM(b[:], s.user+nvc0.UserGPGet); err != nil {
+	if err := d.a.gpu.ReadVRAM(b[:], s.shadowUser+nvc0.UserGPGet); err != nil {
 		return 0, err
 	}
 	return binary.LittleEndian.Uint32(b[:]) % s.entries, nil
+}
+
+// watchdogStop stops guest channel ch for running past the watchdog limit
+// (in its own goroutine: the stop waits for the GPU). The guest sees its
+// channel faulted with FaultReasonKilled.
+func (v *VGPU) watchdogStop(ch int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead || !v.chans[ch].running {
+		return
+	}
+	_ = v.stopChannel(ch)
+	v.reportKilled(ch)
+	v.ctr.watchdogStops.Add(1)
 }
 
 // StartRecording clears and starts the per-submission usage record.
@@ -359,7 +472,7 @@ func (a *Aggregator) Recorded() ([]Usage, time.Duration) {
 	return append([]Usage(nil), d.usage...), d.clock.Now()
 }
 
-// WatchdogKills returns how many channels of a vGPU the watchdog killed.
+// WatchdogKills returns how many channels of a vGPU the watchdog stopped.
 func (a *Aggregator) WatchdogKills(id int) uint64 {
 	d := a.disp
 	d.mu.Lock()

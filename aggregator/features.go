@@ -18,6 +18,9 @@ type Features struct {
 	// Incremental shadowing: rescan only guest page-table pages written since
 	// the last scan (beyond GPUvm).
 	Incremental bool
+	// PollDoorbells: doorbells are found by polling the guest's user areas
+	// instead of trapping (an aggregator option, not part of the mode).
+	PollDoorbells bool
 }
 
 // fvModes maps the full-virtualization mode names to their features.

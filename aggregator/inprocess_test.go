@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"hash/fnv"
 	"testing"
 
 	"github.com/gpuvm/gpuvm/config"
@@ -75,7 +76,9 @@ func startGuest(t *testing.T, agg *Aggregator, name, mode string) *guestVM {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	v, err := agg.Attach(Guest{DomID: 1, Name: name, Mode: mode}, f, ram.Size())
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	v, err := agg.Attach(Guest{DomID: h.Sum32(), Name: name, Mode: mode}, f, ram.Size())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -33,6 +34,12 @@ type physical struct {
 	mu     sync.Mutex // serialises multi-register sequences and the fields below
 	plCur  int
 	active map[int]bool // physical channels on the playlist
+
+	// preemptMu serialises preempts (RegPreempt is one register for the
+	// board). It is held across the wait for a preempt to complete, so it
+	// is a lock of its own: TLB flushes and playlist updates, which every
+	// VM's doorbells need, never wait behind a preempt.
+	preemptMu sync.Mutex
 }
 
 func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) {
@@ -142,10 +149,17 @@ func (p *physical) flush(pd uint64, bar bool) error {
 }
 
 // setActive puts physical channels on or off the playlist and resubmits it
-// (double-buffered, as a host driver does).
+// (double-buffered, as a host driver does). Nothing changes: no submission.
 func (p *physical) setActive(chans map[int]bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	changed := false
+	for ch, on := range chans {
+		changed = changed || p.active[ch] != on
+	}
+	if !changed {
+		return nil
+	}
 	for ch, on := range chans {
 		if on {
 			p.active[ch] = true
@@ -163,7 +177,7 @@ func (p *physical) setActive(chans map[int]bool) error {
 	buf := make([]byte, len(ids)*nvc0.PlaylistEntrySize)
 	for i, ch := range ids {
 		binary.LittleEndian.PutUint32(buf[i*nvc0.PlaylistEntrySize:], uint32(ch))
-		binary.LittleEndian.PutUint32(buf[i*nvc0.PlaylistEntrySize+4:], 0x4)
+		binary.LittleEndian.PutUint32(buf[i*nvc0.PlaylistEntrySize+4:], nvc0.PlaylistEntryWord1)
 	}
 	if err := p.gpu.WriteVRAM(buf, pl); err != nil {
 		return err
@@ -178,11 +192,32 @@ func (p *physical) fecsBind(ramin uint64) error {
 	return hwseq.FECSBind(p.gpu, ramin, p.timeout)
 }
 
-// kill kills a physical channel.
-func (p *physical) kill(ch int) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return hwseq.KillChannel(p.gpu, ch, p.timeout)
+// stop stops physical channels the way nouveau's gf100 code does — clear
+// each one's enable bit (gf100_chan_stop), take them off the playlist, then
+// preempt each (gf100_chan_preempt) and wait until the preempt is no longer
+// pending (gf100_runl_preempt_pending) — whatever the aggregator believes
+// about them. When it returns, the channels run nothing and touch no
+// memory. It returns the channels whose preempt did not complete in time
+// (wedged) with the error.
+func (p *physical) stop(chans ...int) (wedged []int, err error) {
+	off := map[int]bool{}
+	for _, ch := range chans {
+		hwseq.DisableChannel(p.gpu, ch)
+		off[ch] = false
+	}
+	var errs []error
+	if err := p.setActive(off); err != nil {
+		errs = append(errs, fmt.Errorf("playlist: %w", err))
+	}
+	p.preemptMu.Lock()
+	defer p.preemptMu.Unlock()
+	for _, ch := range chans {
+		if err := hwseq.Preempt(p.gpu, ch, p.timeout); err != nil {
+			wedged = append(wedged, ch)
+			errs = append(errs, err)
+		}
+	}
+	return wedged, errors.Join(errs...)
 }
 
 // doorbell writes GP_PUT of physical channel ch through the physical poll area.

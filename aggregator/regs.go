@@ -77,11 +77,15 @@ func newRegTable() regTable {
 			v.emu[off] = val
 			v.pollOn = val&nvc0.PollAreaEnable != 0
 			v.pollBase = uint64(val&nvc0.PollAreaMask) << nvc0.PageShift
+			v.remapStale = true
 		}},
-		nvc0.RegPlaylistAddr:   emulated,
-		nvc0.RegPlaylistSubmit: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.submitPlaylist(val) }},
-		nvc0.RegPlaylistStatus: {class: regEmulated, read: constant(0)}, // submissions complete inside the trap
-		nvc0.RegChanKill:       {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.killChannel(off, val) }},
+		nvc0.RegPlaylistAddr:                 emulated,
+		nvc0.RegPlaylistSubmit:               {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.submitPlaylist(val) }},
+		nvc0.RegPlaylistStatus:               {class: regEmulated, read: constant(0)}, // submissions complete inside the trap
+		nvc0.RegPreempt:                      {class: regEmulated, read: emuRead, write: preemptWrite},
+		nvc0.RegEngineStatus(nvc0.EngineGR):  {class: regTranslated, read: engineStatusRead},
+		nvc0.RegEngineStatus(nvc0.EngineCE0): {class: regTranslated, read: engineStatusRead},
+		nvc0.RegEngineStatus(nvc0.EngineCE1): {class: regTranslated, read: engineStatusRead},
 
 		nvc0.RegFaultInst:   {class: regTranslated, read: faultRead},
 		nvc0.RegFaultAddrLo: {class: regTranslated, read: faultRead},
@@ -170,6 +174,17 @@ func praminWrite(v *VGPU, off, val uint32) {
 	if !v.guestVRAMWrite32(g, val) {
 		v.deny("write", nvc0.BAR0, uint64(off), val)
 	}
+}
+
+// engineStatusRead shows a PFIFO engine busy only with one of the VM's own
+// channels (as the guest's channel id); another VM's work reads idle.
+func engineStatusRead(v *VGPU, off uint32) uint32 {
+	st := v.agg.gpu.Read32(nvc0.BAR0, uint64(off))
+	p := int(st & nvc0.EngineStatusChanMask)
+	if st&nvc0.EngineStatusBusy == 0 || p < v.Slot.ChanBase || p >= v.Slot.ChanBase+len(v.chans) {
+		return 0
+	}
+	return nvc0.EngineStatusBusy | uint32(p-v.Slot.ChanBase)
 }
 
 func faultRead(v *VGPU, off uint32) uint32 {

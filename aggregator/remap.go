@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/shadow"
 )
 
 // RemapValid marks a remap-table entry whose page is passed through.
@@ -24,8 +25,9 @@ const RemapValid = 1
 // Revocation is not synchronous: an access the device model began under an
 // entry just cleared may still land in the page. That is harmless for
 // isolation — the page is inside the VM's own slice and every shadow entry
-// is validated when built — and for consistency the aggregator rescans fully
-// (MarkAllDirty) after revoking a page that became sensitive.
+// is validated when built — and for consistency the page tracker marks the
+// revoked page as possibly written (Tracker.Unseen), so the structures in
+// it are rescanned before they are next used.
 type remapTable struct {
 	file    *os.File
 	mem     []byte
@@ -81,40 +83,47 @@ func (v *VGPU) RemapFile() *os.File {
 }
 
 // updateRemap recomputes which aperture pages may be passed through: those
-// that map guest VRAM that is neither a RAMIN nor a page directory or page
-// table (of a channel space or of a BAR), and, in BAR1, are not in the
-// guest's poll area (doorbells must trap).
+// that map guest VRAM the page tracker does not need trapped (no RAMIN,
+// page directory or page table of a channel or BAR space; no user area
+// unless doorbells are polled), and, in BAR1 with trapped doorbells, that
+// are not in the guest's poll area. It does nothing if neither the tracked
+// pages nor the BAR mappings changed since the last time. A page whose
+// pass-through is revoked may have been written without a trap: the
+// tracker tells its watchers so.
 func (v *VGPU) updateRemap() {
 	r := v.remap
 	if r == nil {
 		return
 	}
-	revoked := false
+	tr := v.shadows.Tracker()
+	gen := tr.Generation() + 1
+	if !v.remapStale && v.remapAt == gen {
+		return
+	}
+	v.remapAt, v.remapStale = gen, false
+	var revoked []uint64
 	for bi, b := range v.bars {
 		base := 0
 		if bi == 1 {
 			base = r.bar1
 		}
-		for i, g := range b.guest {
+		for i := range b.sp.Pages() {
+			g := b.sp.GuestPage(i)
 			var e uint64
-			if g != noGuestPage && !v.sensitive(g) && !(bi == 0 && v.inPollArea(uint64(i)*nvc0.PageSize)) {
+			if g != shadow.NoGuestPage && !tr.Trapped(g) && !(bi == 0 && !v.feat.PollDoorbells && v.inPollArea(uint64(i)*nvc0.PageSize)) {
 				e = g&^(nvc0.PageSize-1) | RemapValid
 			}
 			if old := r.get(base + i); old != e {
-				if old != 0 && e == 0 {
-					revoked = true
+				if old != 0 {
+					revoked = append(revoked, old>>nvc0.PageShift)
 				}
 				r.set(base+i, e)
 			}
 		}
 	}
-	if revoked && v.feat.Incremental {
-		v.shadows.MarkAllDirty()
+	for _, page := range revoked {
+		tr.Unseen(page)
 	}
-}
-
-func (v *VGPU) sensitive(g uint64) bool {
-	return v.shadows.IsSensitive(g) || v.bars[0].sensitive(g) || v.bars[1].sensitive(g)
 }
 
 func (v *VGPU) inPollArea(off uint64) bool {

@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/ratelog"
 	"github.com/gpuvm/gpuvm/shadow"
 )
 
@@ -26,44 +26,64 @@ type vchan struct {
 	inst    uint32          // guest's instance word (guest RAMIN address and flags)
 	ctl     uint32          // guest's last control word
 	sh      *shadow.Channel // nil until the guest names a valid instance
-	enabled bool
-	put     uint32 // the guest's last GP_PUT
-	polled  uint64 // user page the physical poll area maps for this channel (0: none)
+	enabled bool            // the guest enabled the channel and the aggregator accepted
+	// running: the physical channel is enabled on the board. It is cleared
+	// only by the stop path (stopChannel), so while it is set nothing the
+	// shadow RAMIN names may change.
+	running bool
+	inList  bool   // on the physical playlist (guest-listed and running)
 	listed  bool   // on the guest's playlist
+	killed  bool   // stopped by the aggregator (watchdog): the guest sees a fault
+	wedged  bool   // its stop did not complete: never reused
+	put     uint32 // the guest's last GP_PUT
+	polled  uint64 // shadow user area the physical poll area maps for this channel (0: none)
 }
 
 // VGPU is one VM's virtual GPU control block.
 type VGPU struct {
+	// Identity and placement: fixed at attach.
 	agg   *Aggregator
 	ID    int
 	Slot  Slot
 	Guest Guest
 	feat  Features
 	log   *slog.Logger
+	gripe *ratelog.Limiter // bounds the log lines the guest can cause
 
-	ram     []byte // the guest's RAM (its memfd mapped shared)
+	// The guest's RAM: its memfd mapped shared, registered with the board.
+	ram     []byte
 	ramBase uint64 // where the board sees it
 
 	ctr counters
 
-	mu            sync.Mutex // serialises the VM's trapped accesses and all state below
-	dead          bool
-	shadows       *shadow.Manager
-	tr            *shadow.Translator
-	emu           map[uint32]uint32 // plain per-VM register storage
-	window        uint64            // PRAMIN window base (guest VRAM address)
-	bars          [2]*barShadow     // BAR1, BAR3
-	pollBase      uint64            // guest BAR1 address of its poll area
-	pollOn        bool
-	chans         []vchan
-	synced        map[*shadow.Space]bool // spaces scanned at least once
-	stale         map[*shadow.Space]bool // lazy: flushed by the guest since their last scan
-	fault         [4]uint32
-	intr          uint32
-	remap         *remapTable
-	barScans      uint64
-	barPTEs       uint64
-	barShadowTime time.Duration
+	// mu serialises the VM's trapped accesses, the watchdog's stops and
+	// the doorbell poller, and guards everything below.
+	mu   sync.Mutex
+	dead bool
+
+	// Shadows: page tables, channels, BAR apertures, and the page tracker
+	// behind them.
+	shadows *shadow.Manager
+	tr      *shadow.Translator
+	bars    [2]*barShadow // BAR1, BAR3
+	synced  map[*shadow.Space]bool
+	stale   map[*shadow.Space]bool // lazy: flushed by the guest since their last scan
+	remap   *remapTable
+	remapAt uint64 // tracker generation (+1) the remap table was computed at (0: never)
+	// remapStale: a BAR mapping or the poll area changed since.
+	remapStale bool
+
+	// Guest-visible register state.
+	emu      map[uint32]uint32 // plain per-VM register storage
+	window   uint64            // PRAMIN window base (guest VRAM address)
+	pollBase uint64            // guest BAR1 address of its poll area
+	pollOn   bool
+	chans    []vchan
+	fault    [4]uint32
+	intr     uint32
+
+	// wedged counts channels whose stop never completed.
+	wedged int
 }
 
 // attach builds the vGPU for a guest in slot, with its RAM from ramFile.
@@ -72,6 +92,7 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 	if err != nil {
 		return nil, err
 	}
+	feat.PollDoorbells = a.opts.PollDoorbells
 	if a.opts.Quota != nil {
 		// A quota narrows the slot: fewer channels, a smaller VRAM slice
 		// (the guest is told the smaller size and can reach nothing beyond).
@@ -87,10 +108,11 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, emu: map[uint32]uint32{},
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
 		chans: make([]vchan, slot.Chans),
-		log:   a.log.With("vgpu", slot.Index, "domid", g.DomID, "name", g.Name)}
+		log:   a.log.With("vgpu", slot.Index, "domid", g.DomID, "name", g.Name),
+		gripe: ratelog.New(guestLogRate, guestLogBurst)}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, v.release())
+			err = errors.Join(err, v.release(true))
 		}
 	}()
 	if v.ram, err = unix.Mmap(int(ramFile.Fd()), 0, int(ramSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
@@ -110,6 +132,8 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 	if v.shadows, err = shadow.NewManager(shadow.Config{
 		Memory: a.gpu, Allocator: reserveAllocator{a.phys}, Translator: v.tr,
 		MaxShadowBytes: a.shadowBudget,
+		TrapUserAreas:  !feat.PollDoorbells,
+		UserAreaWrite:  v.userAreaWritten,
 	}); err != nil {
 		return v, err
 	}
@@ -121,6 +145,26 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 		}
 	}
 	return v, nil
+}
+
+// Guest-caused log lines (refused writes, scans over budget, ...) are
+// limited per VM: a burst, then a steady trickle; the next line that goes
+// out says how many were held back. Every refusal is still counted.
+const (
+	guestLogRate  = 2 // lines per second
+	guestLogBurst = 10
+)
+
+// gripeLog logs a line caused by the guest's behaviour, rate-limited.
+func (v *VGPU) gripeLog(msg string, args ...any) {
+	ok, held := v.gripe.Allow()
+	if !ok {
+		return
+	}
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	v.log.Warn(msg, args...)
 }
 
 // Counters returns a snapshot of the vGPU's counters.
@@ -136,62 +180,93 @@ func (v *VGPU) Counters() Counters {
 // Features returns the optimizations the vGPU runs with.
 func (v *VGPU) Features() Features { return v.feat }
 
+// reclaim frees the shadow memory that scans and closes retired, after
+// flushing the TLB of every shadow page directory that may still name it.
+// Called with v.mu held at the end of each operation that can retire.
+func (v *VGPU) reclaim() {
+	if v.shadows == nil || v.shadows.Retired() == 0 {
+		return
+	}
+	p := v.agg.phys
+	if err := v.shadows.Reclaim(func(pd uint64) error { return p.flush(pd, false) }); err != nil {
+		v.log.Error("reclaim shadow memory", "err", err)
+	}
+}
+
 // teardown stops everything the VM had on the GPU and gives its slot back
-// clean: channels killed and taken off the playlist, shadows freed, BAR
-// slices unmapped, VRAM slice scrubbed, RAM unregistered.
-func (v *VGPU) teardown() error {
+// clean. Every physical channel of the slot is stopped, whatever the
+// aggregator believes about it; only then are its shadows freed (after a
+// TLB flush of each shadow page directory), its BAR slices unmapped, its
+// VRAM renewed and its RAM unregistered. If a stop never completes the slot
+// is taken out of service: nothing the wedged channel may still use is
+// freed or handed to a new tenant. It reports whether the slot is clean.
+func (v *VGPU) teardown() (clean bool, err error) {
 	v.mu.Lock()
 	if v.dead {
 		v.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	v.dead = true
+	v.agg.disp.removeVM(v)
 	var errs []error
-	off := map[int]bool{}
-	for i := range v.chans {
-		c := &v.chans[i]
-		if c.sh == nil && !c.enabled {
-			continue
-		}
-		p := v.Slot.ChanBase + i
-		errs = append(errs, v.agg.phys.kill(p), v.unmapPollPage(i))
-		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
+	full := v.agg.layout.Slots[v.ID] // all of the slot, whatever the quota
+	chans := make([]int, full.Chans)
+	for i := range chans {
+		chans[i] = full.ChanBase + i
+	}
+	wedged, serr := v.agg.phys.stop(chans...)
+	if serr != nil {
+		errs = append(errs, fmt.Errorf("stop channels: %w", serr))
+	}
+	for _, p := range chans {
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
-		off[p] = false
+		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
 	}
-	if len(off) > 0 {
-		errs = append(errs, v.agg.phys.setActive(off))
+	for i := range v.chans {
+		v.chans[i].running, v.chans[i].inList = false, false
+		errs = append(errs, v.unmapPollPage(i))
 	}
+	v.agg.disp.dropVM(v) // nothing of the VM is in flight any more
 	for _, b := range v.bars {
 		if b != nil {
 			errs = append(errs, b.clear())
 		}
 	}
+	clean = len(wedged) == 0
+	v.wedged += len(wedged)
 	v.mu.Unlock()
-	errs = append(errs, v.release())
+	errs = append(errs, v.release(clean))
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("tear down vGPU %d: %w", v.ID, err)
+		return clean, fmt.Errorf("tear down vGPU %d: %w", v.ID, err)
 	}
-	return nil
+	return clean, nil
 }
 
-// release frees host-side resources and scrubs the slot.
-func (v *VGPU) release() error {
+// release frees host-side resources and scrubs the slot. With clean false
+// (a channel could not be stopped) the shadows and the slot's VRAM are
+// left as they are: the wedged channel may still use them.
+func (v *VGPU) release(clean bool) error {
 	var errs []error
-	for i := range v.chans {
-		if c := &v.chans[i]; c.sh != nil {
-			errs = append(errs, c.sh.Close())
-			c.sh = nil
+	if clean {
+		for i := range v.chans {
+			if c := &v.chans[i]; c.sh != nil {
+				errs = append(errs, c.sh.Close())
+				c.sh = nil
+			}
 		}
-	}
-	if v.shadows != nil {
-		errs = append(errs, v.shadows.Close())
+		if v.shadows != nil {
+			errs = append(errs, v.shadows.Close())
+			v.reclaim()
+		}
+		errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.ID].VRAM)) // all of the slot, whatever the quota was
 	}
 	if v.remap != nil {
 		errs = append(errs, v.remap.close())
+		v.remap = nil
 	}
-	errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.ID].VRAM)) // all of the slot, whatever the quota was
 	if v.ramBase != 0 {
+		// Waits for any page the GPU is moving; a channel that still names
+		// the RAM faults from now on.
 		errs = append(errs, v.agg.gpu.UnregisterSystemMemory(v.ramBase))
 		v.ramBase = 0
 	}
