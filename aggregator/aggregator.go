@@ -230,5 +230,6 @@ func (a *Aggregator) Close() error {
 	}
 	a.stop()
 	<-a.stopped
+	a.disp.stops.Wait()
 	return errors.Join(errs...)
 }

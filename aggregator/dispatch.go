@@ -78,6 +78,8 @@ type dispatcher struct {
 	lastDone map[int]time.Duration // when each vGPU's last submission completed
 	lastEnd  time.Duration         // when the last submission of any VM completed
 	think    map[string]*Think     // by guest name, while recording
+
+	stops sync.WaitGroup // watchdog stops in progress
 }
 
 // Think sums the time a VM took to submit again after its previous
@@ -353,7 +355,11 @@ func (d *dispatcher) reap() {
 				s.stopping = true
 				d.kills[s.v.ID]++
 				d.log.Warn("watchdog: stopping channel", "vgpu", s.v.ID, "name", s.v.Guest.Name, "channel", s.ch, "charged", s.charged)
-				go s.v.watchdogStop(s.ch)
+				d.stops.Add(1)
+				go func(v *VGPU, ch int) {
+					defer d.stops.Done()
+					v.watchdogStop(ch)
+				}(s.v, s.ch)
 			}
 		}
 		if !done {

@@ -191,3 +191,14 @@ func faultRead(v *VGPU, off uint32) uint32 {
 	v.refreshFault()
 	return v.fault[(off-nvc0.RegFaultInst)/4]
 }
+
+// RegisterClass returns how the aggregator virtualizes the BAR0 offset off
+// ("emulated", "translated", "passthrough" or "denied") and whether the
+// register table names it explicitly; an offset it does not name is denied.
+func (a *Aggregator) RegisterClass(off uint32) (class string, explicit bool) {
+	h, ok := a.regs.lookup(off)
+	if !ok {
+		return regDenied.String(), false
+	}
+	return h.class.String(), true
+}

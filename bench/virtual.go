@@ -31,8 +31,11 @@ type VirtualOptions struct {
 	RAMSize   uint64        // guest RAM of the VM process
 	Transport ipc.Transport // device model ↔ aggregator transport
 	TrapCost  time.Duration // hypervisor cost charged per trap (see devmodel.Config.TrapCost)
-	Command   VMCommand
-	Logger    *slog.Logger
+	// PollDoorbells has the aggregator poll the VM's user areas for
+	// doorbells instead of trapping them (config scheduler.doorbell).
+	PollDoorbells bool
+	Command       VMCommand
+	Logger        *slog.Logger
 }
 
 // BenchPartition is the partitioning virtualized benchmarks use: one VM with
@@ -54,7 +57,7 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	srv, err := serveBoard(ctx, opts.Board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Logger: log}, nil)
+	srv, err := serveBoard(ctx, opts.Board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Logger: log, PollDoorbells: opts.PollDoorbells}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -243,9 +243,32 @@ type SchedulerConfig struct {
 	SampleRequests int `toml:"sample_requests"`
 	// FreeRunFactor makes dfq's free run FreeRunFactor × sample_time × VMs sampled.
 	FreeRunFactor int `toml:"free_run_factor"`
-	// Watchdog kills a channel whose submission runs longer; 0 = off.
+	// Watchdog stops a channel whose submission holds the GPU longer; 0 = off.
 	Watchdog Duration `toml:"watchdog"`
+	// Doorbell is how guest doorbells reach the scheduler: trapped GP_PUT
+	// writes, or the aggregator polling the guests' user areas.
+	Doorbell Doorbell `toml:"doorbell"`
+	// DoorbellPoll is the polling interval of Doorbell "poll".
+	DoorbellPoll Duration `toml:"doorbell_poll"`
 }
+
+// Doorbell says how guest doorbells (GP_PUT writes) reach the scheduler.
+type Doorbell string
+
+// Doorbell modes.
+const (
+	// DoorbellTrap traps every GP_PUT write (GPUvm's way).
+	DoorbellTrap Doorbell = "trap"
+	// DoorbellPoll has the aggregator poll the guests' user areas (GPUvm's
+	// "sidecore" future work): no trap per doorbell, a polling thread.
+	DoorbellPoll Doorbell = "poll"
+)
+
+// Doorbells lists the doorbell modes.
+func Doorbells() []Doorbell { return []Doorbell{DoorbellTrap, DoorbellPoll} }
+
+// Valid reports whether d is a doorbell mode.
+func (d Doorbell) Valid() bool { return isOneOf(d, Doorbells()) }
 
 // VMConfig is one [[vm]] entry: settings for the VM with this name or domid.
 type VMConfig struct {
@@ -296,6 +319,8 @@ func Default() Config {
 			BandPoll:       Duration{50 * time.Microsecond},
 			Timeslice:      Duration{30 * time.Millisecond},
 			Watchdog:       Duration{2 * time.Second},
+			Doorbell:       DoorbellTrap,
+			DoorbellPoll:   Duration{50 * time.Microsecond},
 			Poll:           Duration{time.Millisecond},
 			SampleTime:     Duration{5 * time.Millisecond},
 			SampleRequests: 32,

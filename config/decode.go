@@ -103,6 +103,8 @@ func (d *decoder) document(doc map[string]any) {
 			{"sample_requests", setInt(&c.Scheduler.SampleRequests)},
 			{"free_run_factor", setInt(&c.Scheduler.FreeRunFactor)},
 			{"watchdog", setDuration(&c.Scheduler.Watchdog)},
+			{"doorbell", setString(&c.Scheduler.Doorbell)},
+			{"doorbell_poll", setDuration(&c.Scheduler.DoorbellPoll)},
 		})},
 		{"vm", d.vms},
 	}

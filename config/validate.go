@@ -257,12 +257,16 @@ func (c Config) validateScheduler(v *validator) {
 	if v.ok("scheduler.policy") && !s.Policy.Valid() {
 		v.errorf([]string{"scheduler.policy"}, "unknown policy %q (want one of %s)", s.Policy, strings.Join(PolicyNames(), ", "))
 	}
+	if v.ok("scheduler.doorbell") && !s.Doorbell.Valid() {
+		v.errorf([]string{"scheduler.doorbell"}, "unknown doorbell mode %q (want one of %s)", s.Doorbell, strings.Join(names(Doorbells()), ", "))
+	}
 	for _, d := range []struct {
 		key    string
 		d      Duration
 		zeroOK bool
 	}{
 		{"scheduler.period", s.Period, false},
+		{"scheduler.doorbell_poll", s.DoorbellPoll, false},
 		{"scheduler.band_wait", s.BandWait, true},
 		{"scheduler.band_poll", s.BandPoll, false},
 		{"scheduler.timeslice", s.Timeslice, false},

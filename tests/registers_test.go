@@ -49,3 +49,31 @@ func TestDeniedRegisters(t *testing.T) {
 	t.Logf("%d rounds", rounds)
 	s.honest.verified(t)
 }
+
+// TestRegisterTableParity sweeps every BAR0 offset: each one the board
+// decodes must have a stated class in the aggregator's register table (an
+// explicit decision: emulated, translated, passthrough or denied), and each
+// that the table translates or passes through must exist on the board.
+// A register added to the board without a virtualization decision fails
+// here instead of silently reading as denied.
+func TestRegisterTableParity(t *testing.T) {
+	e := newEnv(t)
+	classes := map[string]int{}
+	for off := uint64(0); off < nvc0.BAR0Size; off += 4 {
+		onBoard := e.board.Implements(off)
+		class, explicit := e.agg.RegisterClass(uint32(off))
+		switch {
+		case onBoard && !explicit:
+			t.Errorf("BAR0 %#07x: the board implements it but the register table states no class", off)
+		case explicit && !onBoard && (class == "translated" || class == "passthrough"):
+			t.Errorf("BAR0 %#07x: the register table %s it, but the board has no such register", off, class)
+		}
+		if onBoard || explicit {
+			classes[class]++
+		}
+	}
+	if classes["translated"] == 0 || classes["emulated"] == 0 || classes["passthrough"] == 0 {
+		t.Fatalf("sweep found classes %v: the sweep is broken", classes)
+	}
+	t.Logf("BAR0 words the board decodes or the table names, by class: %v", classes)
+}

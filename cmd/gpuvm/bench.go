@@ -48,6 +48,7 @@ func benchCommand() *cli.Command {
 			&cli.PathFlag{Name: "svg", Usage: "write a chart of each mode's time normalised to native (vs-native.svg) to this directory"},
 			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "virtualized modes: device model to aggregator transport, shm or socket"},
 			&cli.DurationFlag{Name: "trap-cost", Usage: "virtualized modes: charge this per trapped access for the hypervisor's VM exit and ioreq delivery, which runs without Xen do not pay (e.g. 5us); 0 = none"},
+			&cli.StringFlag{Name: "doorbell", Value: "trap", Usage: "virtualized modes: trap (every GP_PUT write traps) or poll (the aggregator polls the guests' user areas, no trap per doorbell)"},
 		},
 		Action:      runBench,
 		Subcommands: []*cli.Command{fairnessCommand()},
@@ -108,6 +109,10 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	doorbell := config.Doorbell(c.String("doorbell"))
+	if !doorbell.Valid() {
+		return usageError("--doorbell %q: want trap or poll", doorbell)
+	}
 	transport, err := parseTransport(c.String("transport"))
 	if err != nil {
 		return err
@@ -133,6 +138,7 @@ func runBench(c *cli.Context) error {
 			results, err = bench.RunVirtualized(c.Context, mode, names, runs, params, bench.VirtualOptions{
 				Board: boardCfg, Partition: bench.BenchPartition(boardCfg.VRAMSize), RAMSize: benchGuestRAM,
 				Transport: transport, TrapCost: c.Duration("trap-cost"), Command: selfCommand, Logger: log,
+				PollDoorbells: doorbell == config.DoorbellPoll,
 			})
 		}
 		if err != nil {

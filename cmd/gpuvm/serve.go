@@ -95,6 +95,7 @@ func runServe(c *cli.Context) error {
 	agg, err := aggregator.New(board, aggregator.Options{Partition: cfg.Partition, MaxVMs: cfg.Daemon.MaxVMs, Channels: cfg.Board.Channels, Logger: log,
 		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs,
 		Policy: policy, Watchdog: cfg.Scheduler.Watchdog.Duration,
+		PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
 		// Per-VM [[vm]] settings, matched by domain name or id.
 		Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
 		Mode: func(g aggregator.Guest) string {

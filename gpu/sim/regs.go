@@ -212,3 +212,17 @@ func (b *Board) writeReg(off uint64, v uint32) {
 // BoundContext returns the FECS-bound context word (FECSBindValid | RAMIN >>
 // 12), or 0 if none was bound.
 func (b *Board) BoundContext() uint32 { return b.r.fecsBound.Load() }
+
+// Implements reports whether the board decodes the BAR0 offset off: a
+// register of its table or a word of the PRAMIN window. Everything else
+// reads 0 and drops writes.
+func (b *Board) Implements(off uint64) bool {
+	if off%4 != 0 || off >= nvc0.BAR0Size {
+		return false
+	}
+	if inPRAMIN(off) {
+		return true
+	}
+	_, ok := b.regs[uint32(off)]
+	return ok
+}
