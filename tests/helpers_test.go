@@ -126,7 +126,7 @@ type envOptions struct {
 }
 
 // newEnvWith is newEnv with options.
-func newEnvWith(t *testing.T, o envOptions) *env {
+func newEnvWith(t testing.TB, o envOptions) *env {
 	t.Helper()
 	part := config.PartitionConfig{VRAMPerVM: vramPerVM, ChannelsPerVM: chansPerVM,
 		BAR1PerVM: bar1PerVM, BAR3PerVM: bar3PerVM, Reserved: reservedSz}
@@ -419,7 +419,7 @@ func (p *proc) verified(t *testing.T) {
 // ---------------------------------------------------------------------------
 // In-process device models (the attacker).
 
-func (e *env) connect(t *testing.T, name string, domid uint32, mode string) *devmodel.Device {
+func (e *env) connect(t testing.TB, name string, domid uint32, mode string) *devmodel.Device {
 	t.Helper()
 	d, err := e.tryConnect(name, domid, mode)
 	if err != nil {
