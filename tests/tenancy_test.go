@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/http"
@@ -185,8 +186,13 @@ func TestDetachDuringLongKernel(t *testing.T) {
 			O := a1NewGuest(t, e, "old", 70, "fv-naive", a1Options{})
 			honest, hv := e.startHonest(t)
 			cv := a1PlantCanaries(t, e, hv.Slot)
-			O.controlCopies(t) // O's own page holds its data
-			gR, vaR := O.vramBuf(t, O.vm, pageSize, pageSize)
+			// O's data and its kernel's result page, near the end of its slice
+			// (far from what the next tenant's driver allocates for itself).
+			gD, gR := O.slot.VRAM.Size-8*pageSize, O.slot.VRAM.Size-4*pageSize
+			vaD, vaR := O.mapVRAM(t, gD), O.mapVRAM(t, gR)
+			if err := O.gpuCopy(vaD, O.srcVA); err != nil {
+				t.Fatal(err)
+			}
 			k := O.newKernel(t, O.vm)
 			const iters = 1 << 31 // ~2.5 s of the board's only compute engine
 			id := O.ch.ID()
@@ -238,6 +244,8 @@ func TestDetachDuringLongKernel(t *testing.T) {
 			fillSink(N.attacker)
 			if err := N.gpuCopy(N.sinkVA, N.srcVA); err != nil {
 				t.Errorf("the next tenant's copy failed: %v", errText(err))
+			} else if !bytes.Equal(N.sink.Bytes, N.src.Bytes) {
+				t.Errorf("the next tenant's copy did not move its data")
 			}
 			if leaked := cv.leaks(N.sink.Bytes); len(leaked) > 0 {
 				t.Errorf("the next tenant's memory holds %s", strings.Join(leaked, ", "))
@@ -248,7 +256,7 @@ func TestDetachDuringLongKernel(t *testing.T) {
 			if !a1Until(20*time.Second, func() bool { return e.board.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) == 0 }) {
 				t.Errorf("the compute engine is still busy 20 s after the old tenant left")
 			}
-			for _, g := range []uint64{O.own, O.own + 0x800, gR, gR + 8} {
+			for _, g := range []uint64{gD, gD + 0x800, gR, gR + 8} {
 				if w := N.vramWord(g); w != 0 {
 					t.Errorf("the next tenant reads %#x at guest %#x, where the previous tenant had data", w, g)
 				}
