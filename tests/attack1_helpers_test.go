@@ -327,20 +327,6 @@ func a1Put32(b hostmem.Buffer, off int, v uint32) {
 	atomic.StoreUint32(a1Word(b, off), v)
 }
 
-// a1Until polls cond every millisecond until it holds or within passes.
-func a1Until(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // ---------------------------------------------------------------------------
 // Canaries.
 
@@ -518,7 +504,7 @@ watchdog = "0"
 			}
 		}
 	})
-	if !a1Until(10*time.Second, func() bool {
+	if !pollUntil(10*time.Second, func() bool {
 		_, err := os.Stat(d.ctl)
 		return err == nil || d.exited()
 	}) || d.exited() {

@@ -44,20 +44,6 @@ func (e *env) startBusyHonest(t *testing.T, runs int) (*proc, *aggregator.VGPU) 
 	return p, v
 }
 
-// pollUntil polls cond every millisecond until it holds (true) or within passes (false).
-func pollUntil(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // pgraphBusy reads the board's PGRAPH status (non-zero while a kernel holds
 // the compute engine).
 func (e *env) pgraphBusy() bool { return e.board.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) != 0 }

@@ -678,3 +678,17 @@ func errText(err error) string {
 	}
 	return strings.ReplaceAll(err.Error(), "\n", "; ")
 }
+
+// pollUntil polls cond every millisecond until it holds (true) or within passes (false).
+func pollUntil(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

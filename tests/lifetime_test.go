@@ -181,7 +181,7 @@ func runSwapAttack(t *testing.T, mode, kind string) {
 	if err := a.ch.Submit(pb); err != nil {
 		t.Fatal(err)
 	}
-	if !a1Until(15*time.Second, func() bool { return a1Get32(sem, 4) == 1 }) {
+	if !pollUntil(15*time.Second, func() bool { return a1Get32(sem, 4) == 1 }) {
 		t.Fatalf("the attacker's channel never started its run (control %#x)", g.ctl(idA))
 	}
 	honestRunning := !s.honest.exited()
@@ -227,7 +227,7 @@ func runSwapAttack(t *testing.T, mode, kind string) {
 	// Let the original run continue.
 	release()
 	outcome := "was still running 10 s later"
-	a1Until(10*time.Second, func() bool {
+	pollUntil(10*time.Second, func() bool {
 		ctl := g.ctl(idA)
 		switch {
 		case a1Get32(sem, 8) == 1:

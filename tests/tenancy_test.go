@@ -64,7 +64,7 @@ func TestGhostChannelNextTenant(t *testing.T) {
 	)); err != nil {
 		t.Fatal(err)
 	}
-	if !a1Until(15*time.Second, func() bool { return G.vramWord(gS+4) == 1 }) {
+	if !pollUntil(15*time.Second, func() bool { return G.vramWord(gS+4) == 1 }) {
 		t.Fatalf("the ghost channel never started (control %#x)", G.ctl(id))
 	}
 	// Stopped as far as the aggregator can tell: disabled, no instance.
@@ -80,7 +80,7 @@ func TestGhostChannelNextTenant(t *testing.T) {
 	N.r.vramWrite32(gX+4, marker2)
 	N.r.sync()
 	var w0, w1 uint32
-	changed := a1Until(3*time.Second, func() bool {
+	changed := pollUntil(3*time.Second, func() bool {
 		w0, w1 = N.r.vramRead32(gX), N.r.vramRead32(gX+4)
 		return w0 != marker || w1 != marker2
 	})
@@ -136,7 +136,7 @@ func TestGhostCopyFromRAMDuringTeardown(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := G.ch.ID()
-		if !a1Until(15*time.Second, func() bool { return a1Get32(sem, 0) == 1 }) {
+		if !pollUntil(15*time.Second, func() bool { return a1Get32(sem, 0) == 1 }) {
 			t.Fatalf("%s: the copy never started (control %#x)", name, G.ctl(id))
 		}
 		time.Sleep(20 * time.Millisecond) // the copy is under way
@@ -148,7 +148,7 @@ func TestGhostCopyFromRAMDuringTeardown(t *testing.T) {
 		G.r.sync()
 		G.depart()
 		// Its teardown runs now; the copy engine may still be in its RAM.
-		a1Until(time.Second, d.exited)
+		pollUntil(time.Second, d.exited)
 		if d.exited() {
 			t.Fatalf("round %d: the aggregator died after a VM left while its channel copied from its RAM "+
 				"(issue 7 attack 3: RAM unmapped while an engine still used it): %v\n%s", r, d.err, d.crash())
@@ -199,7 +199,7 @@ func TestDetachDuringLongKernel(t *testing.T) {
 			if err := O.ch.Submit(a1Cat(a1SemRelease(vaR+8, 1), k.launch(0, iters, vaR))); err != nil {
 				t.Fatal(err)
 			}
-			if !a1Until(15*time.Second, func() bool { return O.vramWord(gR+8) == 1 }) {
+			if !pollUntil(15*time.Second, func() bool { return O.vramWord(gR+8) == 1 }) {
 				t.Fatalf("the old tenant's kernel never started (control %#x)", O.ctl(id))
 			}
 			time.Sleep(50 * time.Millisecond) // the kernel is running
@@ -253,7 +253,7 @@ func TestDetachDuringLongKernel(t *testing.T) {
 
 			// Wait for the old kernel to be over (whoever stopped it), then look
 			// at the old tenant's pages.
-			if !a1Until(20*time.Second, func() bool { return e.board.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) == 0 }) {
+			if !pollUntil(20*time.Second, func() bool { return e.board.Read32(nvc0.BAR0, nvc0.RegPGRAPHStatus) == 0 }) {
 				t.Errorf("the compute engine is still busy 20 s after the old tenant left")
 			}
 			for _, g := range []uint64{gD, gD + 0x800, gR, gR + 8} {
