@@ -63,10 +63,13 @@ const (
 	TimingNone Timing = "none"
 	// TimingFermi models a Fermi-class board's latencies and throughput.
 	TimingFermi Timing = "fermi"
+	// TimingFermiXen is TimingFermi plus the hypervisor's share of each
+	// trapped guest access on Xen (VM exit, ioreq delivery, resume).
+	TimingFermiXen Timing = "fermi-xen"
 )
 
 // Valid reports whether t is a known timing model.
-func (t Timing) Valid() bool { return t == TimingNone || t == TimingFermi }
+func (t Timing) Valid() bool { return t == TimingNone || t == TimingFermi || t == TimingFermiXen }
 
 // LogLevel is the daemon's log verbosity.
 type LogLevel string

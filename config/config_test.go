@@ -304,7 +304,7 @@ timeslice = 0
 				"t.toml:2:8: board.vram: 32MiB is below the minimum 64MiB",
 				"t.toml:3:12: board.channels: 0 is out of range 1..128",
 				"t.toml:4:18: board.mem_partitions: 17 is out of range 1..16",
-				`t.toml:5:10: board.timing: unknown timing model "slow" (want none or fermi)`,
+				`t.toml:5:10: board.timing: unknown timing model "slow" (want none, fermi or fermi-xen)`,
 				"t.toml:7:11: daemon.max_vms: 65 is out of range 1..64",
 				`t.toml:8:13: daemon.log_level: unknown log level "trace" (want debug, info, warn or error)`,
 				"t.toml:10:19: partition.channels_per_vm: must be at least 1",

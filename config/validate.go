@@ -135,7 +135,7 @@ func (c Config) validateBoard(v *validator) {
 	partsOK := v.intRange("board.mem_partitions", b.MemPartitions, 1, MaxMemPartitions)
 	v.intRange("board.channels", b.Channels, 1, MaxChannels)
 	if v.ok("board.timing") && !b.Timing.Valid() {
-		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none or fermi)", b.Timing)
+		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none, fermi or fermi-xen)", b.Timing)
 	}
 	if b.Kind == BoardPCI {
 		if v.src.written("board.vram") {

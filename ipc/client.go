@@ -289,6 +289,21 @@ func (c *Client) Write32(bar int, off uint64, v uint32) error {
 	return c.send(&req)
 }
 
+// Write32Sync writes v to the 32-bit register at off in BAR bar and waits
+// until the server has handled it, as a Xen ioreq for an MMIO write keeps
+// the vCPU blocked until the device model completes it.
+func (c *Client) Write32Sync(bar int, off uint64, v uint32) error {
+	if err := checkMMIO(bar, off); err != nil {
+		return fmt.Errorf("ipc: write32 sync: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req := request{kind: kindWrite32Sync, bar: uint16(bar), off: off, value: v, seq: c.seq}
+	var rsp response
+	return c.roundTrip(&req, &rsp)
+}
+
 // Call performs the generic call op with up to MaxCallArgs arguments and
 // waits for its result.
 func (c *Client) Call(op uint16, args ...uint64) (CallResult, error) {
@@ -316,8 +331,11 @@ func (c *Client) roundTrip(req *request, rsp *response) error {
 		return err
 	}
 	want := uint16(kindRead32Reply)
-	if req.kind == kindCall {
+	switch req.kind {
+	case kindCall:
 		want = kindCallReply
+	case kindWrite32Sync:
+		want = kindWrite32SyncDone
 	}
 	if rsp.kind != want || rsp.seq != req.seq {
 		return c.fail(violationf("got %s seq %d, want %s seq %d", kindName(rsp.kind), rsp.seq, kindName(want), req.seq))

@@ -644,3 +644,35 @@ func TestDialContext(t *testing.T) {
 	}
 	_ = io.EOF
 }
+
+// TestWrite32Sync: a synchronous write returns only once the server has
+// handled it (its value is in the handler's register file when the call
+// returns, without a read to order it), on both transports; a handler
+// failure on it ends the connection.
+func TestWrite32Sync(t *testing.T) {
+	forTransports(t, func(t *testing.T, tr Transport) {
+		ts := startServer(t, nil)
+		c, _, s := dialTest(t, ts, "vm1", tr, nil)
+		for i := range 200 {
+			v := uint32(0x5E000000 + i)
+			if err := c.Write32Sync(0, 0x1700, v); err != nil {
+				t.Fatal(err)
+			}
+			s.h.mu.Lock()
+			got := s.h.m[[2]uint64{0, 0x1700}]
+			s.h.mu.Unlock()
+			if got != v {
+				t.Fatalf("write %d: Write32Sync returned before the server handled it (register %#x, want %#x)", i, got, v)
+			}
+		}
+		if err := c.Write32Sync(0, 3, 1); err == nil {
+			t.Fatal("unaligned sync write accepted")
+		}
+		s.h.mu.Lock()
+		s.h.fail = errors.New("handler broke")
+		s.h.mu.Unlock()
+		if err := c.Write32Sync(0, 0, 1); err == nil {
+			t.Fatal("sync write succeeded although the handler failed")
+		}
+	})
+}

@@ -741,9 +741,12 @@ func (s *ServerConn) serveSocket(h Handler) error {
 // execute runs one validated request; reply says whether rsp must be sent.
 func (s *ServerConn) execute(h Handler, req *request) (rsp response, reply bool, err error) {
 	switch req.kind {
-	case kindWrite32:
+	case kindWrite32, kindWrite32Sync:
 		if err := h.Write32(int(req.bar), req.off, req.value); err != nil {
-			return rsp, false, &HandlerError{Op: "write32", Err: err}
+			return rsp, false, &HandlerError{Op: kindName(req.kind), Err: err}
+		}
+		if req.kind == kindWrite32Sync {
+			return response{kind: kindWrite32SyncDone, seq: req.seq}, true, nil
 		}
 		return rsp, false, nil
 	case kindRead32:

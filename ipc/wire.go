@@ -74,11 +74,13 @@ const (
 
 // Entry kinds (offset 0 of a request or response entry).
 const (
-	kindRead32      = 1
-	kindWrite32     = 2
-	kindCall        = 3
-	kindRead32Reply = 0x81
-	kindCallReply   = 0x83
+	kindRead32          = 1
+	kindWrite32         = 2
+	kindCall            = 3
+	kindWrite32Sync     = 4 // a Write32 the client waits for (as a Xen ioreq blocks the vCPU)
+	kindRead32Reply     = 0x81
+	kindCallReply       = 0x83
+	kindWrite32SyncDone = 0x84
 )
 
 var le = binary.LittleEndian
@@ -147,11 +149,11 @@ func checkMMIO(bar int, off uint64) error {
 // request is a decoded request entry.
 type request struct {
 	kind  uint16
-	bar   uint16 // READ32/WRITE32
+	bar   uint16 // READ32/WRITE32/WRITE32_SYNC
 	op    uint16 // CALL
 	seq   uint32
-	value uint32 // WRITE32
-	off   uint64 // READ32/WRITE32
+	value uint32 // WRITE32/WRITE32_SYNC
+	off   uint64 // READ32/WRITE32/WRITE32_SYNC
 	nargs int
 	args  [MaxCallArgs]uint64
 }
@@ -163,7 +165,7 @@ func encodeRequest(b []byte, r *request) {
 	le.PutUint16(b[0:], r.kind)
 	le.PutUint32(b[4:], r.seq)
 	switch r.kind {
-	case kindRead32, kindWrite32:
+	case kindRead32, kindWrite32, kindWrite32Sync:
 		le.PutUint16(b[2:], r.bar)
 		le.PutUint32(b[8:], r.value)
 		le.PutUint64(b[16:], r.off)
@@ -192,14 +194,14 @@ func decodeRequest(b []byte, r *request) error {
 		return fmt.Errorf("request entry is %d bytes, want %d", len(b), EntrySize)
 	}
 	*r = request{kind: le.Uint16(b[0:]), seq: le.Uint32(b[4:])}
-	if r.kind != kindRead32 && r.kind != kindWrite32 && r.kind != kindCall {
+	if r.kind != kindRead32 && r.kind != kindWrite32 && r.kind != kindWrite32Sync && r.kind != kindCall {
 		return fmt.Errorf("unknown request kind %d", r.kind)
 	}
 	if le.Uint32(b[12:]) != 0 {
 		return fmt.Errorf("request kind %d: reserved word at offset 12 is %#x, want 0", r.kind, le.Uint32(b[12:]))
 	}
 	switch r.kind {
-	case kindRead32, kindWrite32:
+	case kindRead32, kindWrite32, kindWrite32Sync:
 		r.bar = le.Uint16(b[2:])
 		r.value = le.Uint32(b[8:])
 		r.off = le.Uint64(b[16:])
@@ -238,12 +240,16 @@ func kindName(k uint16) string {
 		return "read32"
 	case kindWrite32:
 		return "write32"
+	case kindWrite32Sync:
+		return "write32 sync"
 	case kindCall:
 		return "call"
 	case kindRead32Reply:
 		return "read32 reply"
 	case kindCallReply:
 		return "call reply"
+	case kindWrite32SyncDone:
+		return "write32 sync done"
 	}
 	return fmt.Sprintf("kind %d", k)
 }
@@ -281,6 +287,10 @@ func decodeResponse(b []byte, r *response) error {
 	case kindRead32Reply:
 		if !allZero(b[16:EntrySize]) {
 			return fmt.Errorf("read32 reply: bytes 16..63 must be zero")
+		}
+	case kindWrite32SyncDone:
+		if r.value != 0 || !allZero(b[16:EntrySize]) {
+			return fmt.Errorf("write32 sync done: bytes 8..63 must be zero")
 		}
 	case kindCallReply:
 		for i := range r.result {
