@@ -24,6 +24,9 @@ type Options struct {
 	// the trap, not the bus transaction. 0 for a real board, where the bus
 	// charges itself.
 	BusReadNs, BusWriteNs int64
+	// TrapNs is the hypervisor's share of one trapped guest access in the
+	// timing profile (sim.Timing.TrapNs), passed to device models to charge.
+	TrapNs int64
 	// Policy schedules the VMs' submissions (nil: FIFO). The aggregator
 	// owns it from New on.
 	Policy sched.Policy

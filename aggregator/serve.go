@@ -90,6 +90,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		Params: map[string]string{
 			ipc.ParamBAR1Size: strconv.FormatUint(v.Slot.BAR1.Size, 10),
 			ipc.ParamBAR3Size: strconv.FormatUint(v.Slot.BAR3.Size, 10),
+			ipc.ParamTrapNs:   strconv.FormatInt(a.opts.TrapNs, 10),
 		},
 	}
 	var extra []*os.File

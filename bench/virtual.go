@@ -30,7 +30,13 @@ type VirtualOptions struct {
 	Partition config.PartitionConfig
 	RAMSize   uint64        // guest RAM of the VM process
 	Transport ipc.Transport // device model ↔ aggregator transport
-	TrapCost  time.Duration // hypervisor cost charged per trap (see devmodel.Config.TrapCost)
+	// TrapCost, with TrapCostSet, overrides the hypervisor cost the VM
+	// charges per trap (default: the board timing profile's TrapNs).
+	TrapCost    time.Duration
+	TrapCostSet bool
+	// PostedWrites lets the VM's trapped writes return before the
+	// aggregator handled them (default: they complete first, as on Xen).
+	PostedWrites bool
 	// PollDoorbells has the aggregator poll the VM's user areas for
 	// doorbells instead of trapping them (config scheduler.doorbell).
 	PollDoorbells bool
@@ -57,7 +63,8 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	srv, err := serveBoard(ctx, opts.Board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Logger: log, PollDoorbells: opts.PollDoorbells}, nil)
+	srv, err := serveBoard(ctx, opts.Board, aggregator.Options{Partition: opts.Partition, MaxVMs: 1, Logger: log,
+		PollDoorbells: opts.PollDoorbells}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +75,13 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 		"--workloads", strings.Join(names, ","), "--runs", strconv.Itoa(runs), "--json",
 		"--matrix-dim", strconv.Itoa(params.MatrixDim), "--loop-iterations", strconv.FormatUint(params.LoopIterations, 10),
 		"--copy-size", strconv.FormatUint(params.CopyBytes, 10), "--ram", strconv.FormatUint(opts.RAMSize, 10),
-		"--transport", opts.Transport.String(), "--trap-cost", opts.TrapCost.String()}
+		"--transport", opts.Transport.String()}
+	if opts.TrapCostSet {
+		args = append(args, "--trap-cost", opts.TrapCost.String())
+	}
+	if opts.PostedWrites {
+		args = append(args, "--posted-writes")
+	}
 	cmd := opts.Command(ctx, args)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr

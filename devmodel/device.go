@@ -38,10 +38,17 @@ type Config struct {
 	Transport ipc.Transport // default shm
 	// TrapCost is charged before every trapped access: the hypervisor's
 	// share of a trap (VM exit, ioreq delivery to the device model, resume)
-	// that a process-based harness without Xen does not pay. 0 charges
-	// nothing (what this machine measures).
-	TrapCost time.Duration
-	Logger   *slog.Logger
+	// that a process-based harness without Xen does not pay. It is used
+	// only with TrapCostSet (0 then charges nothing); otherwise the
+	// aggregator's timing profile decides (ipc.ParamTrapNs).
+	TrapCost    time.Duration
+	TrapCostSet bool
+	// PostedWrites makes trapped writes return as soon as they are queued
+	// for the aggregator. By default a trapped write completes before the
+	// guest goes on, as a Xen ioreq for an MMIO write keeps the vCPU
+	// blocked until the device model completes it.
+	PostedWrites bool
+	Logger       *slog.Logger
 }
 
 // Device is a VM's virtual GPU: its guest RAM, its connection to the
@@ -58,6 +65,7 @@ type Device struct {
 	bar1Pages          uint64
 	busRead, busWrite  time.Duration // charged per passed-through access
 	trapCost           time.Duration // charged per trapped access
+	posted             bool          // trapped writes are posted
 }
 
 // Connect creates the guest RAM, connects to the aggregator and maps what
@@ -66,7 +74,7 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if cfg.Transport == 0 {
 		cfg.Transport = ipc.TransportShm
 	}
-	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost}
+	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Close())
@@ -92,6 +100,9 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 		}
 	}()
 	d.bar1Size, d.bar3Size = d.pageParam(ipc.ParamBAR1Size, nvc0.BAR1Size), d.pageParam(ipc.ParamBAR3Size, nvc0.BAR3Size)
+	if !cfg.TrapCostSet {
+		d.trapCost = time.Duration(d.param(ipc.ParamTrapNs, 0, uint64(time.Second)))
+	}
 	if d.welcome.Params[ipc.ParamRemap] == "1" {
 		if err := d.mapRemap(extra); err != nil {
 			return d, err
@@ -208,8 +219,18 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 		return
 	}
 	spin.For(d.trapCost)
-	_ = d.client.Write32(bar, off, v) // a failure is sticky: Err reports it
+	if d.posted {
+		_ = d.client.Write32(bar, off, v) // a failure is sticky: Err reports it
+		return
+	}
+	_ = d.client.Write32Sync(bar, off, v)
 }
+
+// TrapCost returns what the device model charges per trapped access.
+func (d *Device) TrapCost() time.Duration { return d.trapCost }
+
+// PostedWrites reports whether trapped writes are posted.
+func (d *Device) PostedWrites() bool { return d.posted }
 
 // Err reports why the device stopped working, or nil.
 func (d *Device) Err() error { return d.client.Err() }

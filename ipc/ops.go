@@ -23,4 +23,9 @@ const (
 	// model in front of a timed (simulated) board charges them itself.
 	ParamMMIOReadNs  = "mmio_read_ns"
 	ParamMMIOWriteNs = "mmio_write_ns"
+	// ParamTrapNs is the hypervisor's share of one trapped access in the
+	// aggregator's timing profile (nanoseconds, decimal): a VM exit and the
+	// ioreq's trip to the device model and back, which a device model
+	// without a hypervisor under it charges itself (0 or absent: none).
+	ParamTrapNs = "trap_ns"
 )

@@ -30,7 +30,8 @@ func devmodelCommand() *cli.Command {
 			&cli.StringFlag{Name: "mode", Value: "fv-optimized", Usage: "virtualization mode: " + strings.Join(aggregator.FVModes(), ", ")},
 			&cli.StringFlag{Name: "ram", Value: "512MiB", Usage: "guest RAM size"},
 			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "MMIO transport to the aggregator: shm (shared-memory rings) or socket"},
-			&cli.DurationFlag{Name: "trap-cost", Usage: "charge this much per trapped access: the hypervisor's share of a trap (VM exit, ioreq delivery) that runs without Xen do not pay; 0 = none"},
+			&cli.DurationFlag{Name: "trap-cost", Usage: "charge this much per trapped access: the hypervisor's share of a trap (VM exit, ioreq delivery) that runs without Xen do not pay; 0 = none (default: the aggregator's timing profile, e.g. 5us for fermi-xen)"},
+			&cli.BoolFlag{Name: "posted-writes", Usage: "let trapped writes return before the aggregator handled them (by default a write completes first, as a Xen ioreq does)"},
 			&cli.StringFlag{Name: "workloads", Aliases: []string{"w"}, Value: "nop", Usage: "comma-separated workloads, or all"},
 			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Value: 1, Usage: "measured runs per workload (after one warm-up run)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the results as a JSON list"},
@@ -70,7 +71,7 @@ func runDevmodel(c *cli.Context) error {
 		return usageError("--runs %d: want at least 1", c.Int("runs"))
 	}
 	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
-		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), Logger: log}
+		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log}
 	if kind := c.String("fairness"); kind != "" {
 		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"))
 		if jerr := bench.WriteJSONValue(c.App.Writer, load); jerr != nil {

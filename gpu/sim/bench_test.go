@@ -87,3 +87,14 @@ func BenchmarkKernelMadd(b *testing.B) {
 		c.mustFinish()
 	}
 }
+
+// BenchmarkMMIOWriteBAR1 is a write through the BAR1 aperture (MMU
+// translation), the simulator's costliest write path: the Fermi profile's
+// write floor must stay above it (see TimingFermi).
+func BenchmarkMMIOWriteBAR1(b *testing.B) {
+	r := newRig(b)
+	c := r.newChan(0, nil)
+	for b.Loop() {
+		r.b.Write32(nvc0.BAR1, c.pollVA()+0x40, 1)
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -41,7 +42,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestTimingByName(t *testing.T) {
-	for _, name := range []string{"none", "fermi"} {
+	for _, name := range []string{"none", "fermi", "fermi-xen"} {
 		tm, err := TimingByName(name)
 		if err != nil || tm.Name != name {
 			t.Fatalf("TimingByName(%q) = %+v, %v", name, tm, err)
@@ -52,6 +53,38 @@ func TestTimingByName(t *testing.T) {
 	}
 	if _, err := TimingByName("volta"); err == nil {
 		t.Fatal("unknown profile accepted")
+	}
+	x := TimingFermiXen()
+	if x.TrapNs <= 0 || x.isNone() {
+		t.Fatalf("fermi-xen has no trap cost: %+v", x)
+	}
+	if f := TimingFermi(); f.TrapNs != 0 || x.MMIOReadNs != f.MMIOReadNs || x.MMIOWriteNs != f.MMIOWriteNs {
+		t.Fatalf("fermi-xen is not fermi plus a trap cost: %+v vs %+v", x, f)
+	}
+}
+
+// TestHostAccessCost: the aggregator's host-side VRAM access is charged
+// like a guest's: one uncached bus access per 32-bit word (partial words
+// count whole), reads and writes at their own cost.
+func TestHostAccessCost(t *testing.T) {
+	f := TimingFermi()
+	for _, c := range []struct {
+		n     int
+		write bool
+		want  time.Duration
+	}{
+		{4, false, time.Duration(f.MMIOReadNs)},
+		{4096, false, 1024 * time.Duration(f.MMIOReadNs)},
+		{4096, true, 1024 * time.Duration(f.MMIOWriteNs)},
+		{6, true, 2 * time.Duration(f.MMIOWriteNs)},
+		{0, false, 0},
+	} {
+		if got := f.hostAccess(c.n, c.write); got != c.want {
+			t.Errorf("hostAccess(%d, write %v) = %v, want %v", c.n, c.write, got, c.want)
+		}
+	}
+	if TimingNone().hostAccess(1<<20, false) != 0 {
+		t.Error("timing none charges host access")
 	}
 }
 

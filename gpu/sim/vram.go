@@ -5,6 +5,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -170,6 +171,7 @@ func (b *Board) RenewVRAMSegment(base, size uint64) error {
 		return errClosed
 	}
 	defer b.leave()
+	defer b.chargeFrom(time.Now(), int64(perSec(size, b.timing.VRAMBytesPerSec))) // a scrub, as ScrubVRAM
 	b.vram.mu.Lock()
 	defer b.vram.mu.Unlock()
 	i, err := b.vram.segmentIndex(base, size)
@@ -207,12 +209,15 @@ func (b *Board) VRAMFd() int {
 	return b.vram.segs[0].fd
 }
 
-// ReadVRAM copies VRAM at off into p (host-side access, bypassing the MMU).
+// ReadVRAM copies VRAM at off into p (host-side access, bypassing the
+// MMU). It costs what uncached reads through a BAR mapping cost: the timing
+// model's MMIOReadNs per 32-bit word.
 func (b *Board) ReadVRAM(p []byte, off uint64) error {
 	if !b.enter() {
 		return errClosed
 	}
 	defer b.leave()
+	defer b.chargeFrom(time.Now(), int64(b.timing.hostAccess(len(p), false)))
 	if !b.vram.inRange(off, uint64(len(p))) {
 		return fmt.Errorf("sim: read VRAM [%#x, +%#x): beyond %#x", off, len(p), b.cfg.VRAMSize)
 	}
@@ -220,12 +225,14 @@ func (b *Board) ReadVRAM(p []byte, off uint64) error {
 	return nil
 }
 
-// WriteVRAM copies p into VRAM at off (host-side access, bypassing the MMU).
+// WriteVRAM copies p into VRAM at off (host-side access, bypassing the
+// MMU), at the timing model's MMIOWriteNs per 32-bit word.
 func (b *Board) WriteVRAM(p []byte, off uint64) error {
 	if !b.enter() {
 		return errClosed
 	}
 	defer b.leave()
+	defer b.chargeFrom(time.Now(), int64(b.timing.hostAccess(len(p), true)))
 	if !b.vram.inRange(off, uint64(len(p))) {
 		return fmt.Errorf("sim: write VRAM [%#x, +%#x): beyond %#x", off, len(p), b.cfg.VRAMSize)
 	}
@@ -234,12 +241,14 @@ func (b *Board) WriteVRAM(p []byte, off uint64) error {
 }
 
 // ScrubVRAM zeroes [off, off+n). Whole pages are punched out of the memfd
-// (returning their host memory); partial pages at the ends are cleared.
+// (returning their host memory); partial pages at the ends are cleared. It
+// costs a GPU-side clear: n bytes at the VRAM bandwidth.
 func (b *Board) ScrubVRAM(off, n uint64) error {
 	if !b.enter() {
 		return errClosed
 	}
 	defer b.leave()
+	defer b.chargeFrom(time.Now(), int64(perSec(n, b.timing.VRAMBytesPerSec)))
 	if !b.vram.inRange(off, n) {
 		return fmt.Errorf("sim: scrub VRAM [%#x, +%#x): beyond %#x", off, n, b.cfg.VRAMSize)
 	}
