@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -80,7 +81,7 @@ func writeCounters(w io.Writer, r Report) error {
 	}
 	fmt.Fprintln(w, "\nvirtualization counters per run:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	cols := []string{"tlb_flushes", "scans", "ptes_scanned", "shadow_ns", "denied"}
+	cols := []string{"tlb_flushes", "scans", "ptes_scanned", "shadow_ns", "doorbells", "denied"}
 	fmt.Fprint(tw, "MODE\tWORKLOAD\tBAR0 TRAPS R/W\tBAR1 TRAPS R/W\tBAR3 TRAPS R/W\t")
 	for _, c := range cols {
 		fmt.Fprintf(tw, "%s\t", strings.ToUpper(c))
@@ -89,11 +90,15 @@ func writeCounters(w io.Writer, r Report) error {
 	for _, res := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t", res.Mode, res.Workload)
 		for _, bar := range []string{"bar0", "bar1", "bar3"} {
-			t, _ := res.Counters[bar+"_traps"].(map[string]uint64)
-			fmt.Fprintf(tw, "%d/%d\t", t["read"], t["write"])
+			r, w := trapPair(res.Counters[bar+"_traps"])
+			fmt.Fprintf(tw, "%d/%d\t", r, w)
 		}
 		for _, c := range cols {
-			fmt.Fprintf(tw, "%v\t", res.Counters[c])
+			if c == "shadow_ns" {
+				fmt.Fprintf(tw, "%s\t", FormatDuration(int64(counterValue(res.Counters[c]))))
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t", counterValue(res.Counters[c]))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -101,6 +106,75 @@ func writeCounters(w io.Writer, r Report) error {
 		return fmt.Errorf("write counters: %w", err)
 	}
 	return nil
+}
+
+// counterValue reads a counter however it arrived: as a uint64 from this
+// process, or as a float64 from a VM process's JSON.
+func counterValue(v any) uint64 {
+	switch x := v.(type) {
+	case uint64:
+		return x
+	case float64:
+		return uint64(x)
+	case int:
+		return uint64(x)
+	case int64:
+		return uint64(x)
+	}
+	return 0
+}
+
+// trapPair reads a barN_traps {"read", "write"} counter, whichever way it
+// arrived (see counterValue).
+func trapPair(v any) (r, w uint64) {
+	switch t := v.(type) {
+	case map[string]uint64:
+		return t["read"], t["write"]
+	case map[string]any:
+		return counterValue(t["read"]), counterValue(t["write"])
+	}
+	return 0, 0
+}
+
+// WriteSummary writes the report's one-line summary per virtualized mode:
+// its time normalised to native (geometric mean over the workloads it ran
+// with a native run beside it, and the range), and GPUvm's published range
+// for the same mode and workloads (thesis Fig. 4.8).
+func WriteSummary(w io.Writer, r Report) {
+	type acc struct {
+		n               int
+		logSum, lo, hi  float64
+		pubLo, pubHi    float64
+		pubN, workloads int
+	}
+	var order []string
+	by := map[string]*acc{}
+	for _, res := range r.Results {
+		if res.Mode == "native" || res.VsNative == 0 {
+			continue
+		}
+		a := by[res.Mode]
+		if a == nil {
+			a = &acc{lo: math.Inf(1), pubLo: math.Inf(1)}
+			by[res.Mode] = a
+			order = append(order, res.Mode)
+		}
+		a.n++
+		a.logSum += math.Log(res.VsNative)
+		a.lo, a.hi = min(a.lo, res.VsNative), max(a.hi, res.VsNative)
+		if res.Published > 0 {
+			a.pubN++
+			a.pubLo, a.pubHi = min(a.pubLo, res.Published), max(a.pubHi, res.Published)
+		}
+	}
+	for _, m := range order {
+		a := by[m]
+		fmt.Fprintf(w, "summary: %s runs %.2f× native (geometric mean of %d workloads; %.2f–%.2f×)", m, math.Exp(a.logSum/float64(a.n)), a.n, a.lo, a.hi)
+		if a.pubN > 0 {
+			fmt.Fprintf(w, "; GPUvm reported %.3g–%.3g× for the %d of them it published", a.pubLo, a.pubHi, a.pubN)
+		}
+		fmt.Fprintf(w, "; timing %s\n", r.Board.Timing)
+	}
 }
 
 func ratio(r float64) string {
