@@ -56,12 +56,16 @@ type Usage struct {
 // past the watchdog limit gets its channel stopped; the stop runs in its own
 // goroutine, so no lock the VMs' doorbells need is held across it.
 type dispatcher struct {
-	a        *Aggregator
-	policy   sched.Policy
-	clock    sched.Clock
-	watchdog time.Duration
-	poll     time.Duration
-	log      *slog.Logger
+	a      *Aggregator
+	policy sched.Policy
+	clock  sched.Clock
+	// decisionCost is the scheduler's own time for a decision begun at
+	// start (charged to the VMs by BAND); the wall clock, or 0 in tests
+	// with a manual clock.
+	decisionCost func(start time.Time) time.Duration
+	watchdog     time.Duration
+	poll         time.Duration
+	log          *slog.Logger
 
 	mu       sync.Mutex
 	wake     chan struct{} // a submission arrived or a VM left
@@ -93,7 +97,7 @@ type Think struct {
 }
 
 func newDispatcher(a *Aggregator, p sched.Policy, watchdog time.Duration) *dispatcher {
-	return &dispatcher{a: a, policy: p, clock: sched.NewRealClock(), watchdog: watchdog, poll: 20 * time.Microsecond,
+	return &dispatcher{a: a, policy: p, clock: sched.NewRealClock(), decisionCost: time.Since, watchdog: watchdog, poll: 20 * time.Microsecond,
 		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, pending: map[chanKey]*submission{}, kills: map[int]uint64{},
 		lastDone: map[int]time.Duration{}, think: map[string]*Think{}}
 }
@@ -194,42 +198,49 @@ func (d *dispatcher) submit(s *submission) {
 // run is the dispatcher loop; it returns when ctx is done.
 func (d *dispatcher) run(ctx context.Context) {
 	for ctx.Err() == nil {
-		start := time.Now()
-		d.mu.Lock()
-		d.reap()
-		now := d.clock.Now()
-		var until time.Duration = -1
-		switch {
-		case d.freeRun && now < d.freeEnd:
-			d.releaseAllowed(now)
-			until = d.freeEnd
-		case len(d.inflight) > 0:
-			// Engaged: one submission at a time on the non-preemptive GPU.
-		default:
-			d.freeRun = false
-			dec := d.policy.Next(now)
-			switch dec.Action {
-			case sched.Dispatch:
-				d.release(int(dec.VM), now)
-			case sched.Wait:
-				until = dec.Until
-			case sched.FreeRun:
-				d.freeRun, d.freeEnd = true, dec.Until
-				d.deny = map[int]bool{}
-				for _, id := range dec.Deny {
-					d.deny[int(id)] = true
-				}
-				d.releaseAllowed(now)
-				until = dec.Until
-			}
-			if q := d.queued(); q > 0 && len(d.inflight) == 0 {
-				d.policy.Overhead(time.Since(start), d.clock.Now())
-			}
-		}
-		busy := len(d.inflight) > 0
-		d.mu.Unlock()
+		busy, until := d.step()
 		d.sleep(ctx, busy, until)
 	}
+}
+
+// step does what is due now: it reaps completed submissions and releases
+// what the policy (or a free run) allows. It reports whether a submission
+// is in flight and until when a Wait or FreeRun holds (-1: none).
+func (d *dispatcher) step() (busy bool, until time.Duration) {
+	start := time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reap()
+	now := d.clock.Now()
+	until = -1
+	switch {
+	case d.freeRun && now < d.freeEnd:
+		d.releaseAllowed(now)
+		until = d.freeEnd
+	case len(d.inflight) > 0:
+		// Engaged: one submission at a time on the non-preemptive GPU.
+	default:
+		d.freeRun = false
+		dec := d.policy.Next(now)
+		switch dec.Action {
+		case sched.Dispatch:
+			d.release(int(dec.VM), now)
+		case sched.Wait:
+			until = dec.Until
+		case sched.FreeRun:
+			d.freeRun, d.freeEnd = true, dec.Until
+			d.deny = map[int]bool{}
+			for _, id := range dec.Deny {
+				d.deny[int(id)] = true
+			}
+			d.releaseAllowed(now)
+			until = dec.Until
+		}
+		if q := d.queued(); q > 0 && len(d.inflight) == 0 {
+			d.policy.Overhead(d.decisionCost(start), d.clock.Now())
+		}
+	}
+	return len(d.inflight) > 0, until
 }
 
 func (d *dispatcher) queued() int {
