@@ -84,25 +84,14 @@ func (v *VGPU) doorbell(i int, put uint32) {
 		v.gripeLog("doorbell refused", "channel", i, "err", briefErr(err))
 		return
 	}
-	entries, err := v.gpfifoEntries(c)
-	if err != nil || put >= entries {
+	entries := c.sh.GPFIFOEntries() // the size the GPU uses: the shadow's, bounded
+	if put >= entries {
 		v.ctr.denied.Add(1)
-		v.gripeLog("doorbell refused", "channel", i, "put", put, "entries", entries, "err", err)
+		v.gripeLog("doorbell refused", "channel", i, "put", put, "entries", entries)
 		return
 	}
 	v.agg.disp.submit(&submission{v: v, ch: i, phys: v.phys(i), put: put, entries: entries,
 		shadowUser: c.sh.ShadowUserArea(), guestUser: c.sh.UserArea()})
-}
-
-// gpfifoEntries reads the GPFIFO size the GPU uses for a channel: the one
-// in its shadow RAMIN (bounded by the shadow).
-func (v *VGPU) gpfifoEntries(c *vchan) (uint32, error) {
-	var b [8]byte
-	if err := v.agg.gpu.ReadVRAM(b[:], c.sh.ShadowRAMIN()+nvc0.RAMINGPFIFOLo); err != nil {
-		return 0, err
-	}
-	_, n := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(b[:]), binary.LittleEndian.Uint32(b[4:]))
-	return n, nil
 }
 
 // guestGPPut reads GP_PUT from a channel's guest user area (once: the value

@@ -144,6 +144,13 @@ func (c *Channel) GuestUserArea() uint64 { return c.guestUser }
 // and only the GPU writes GP_GET.
 func (c *Channel) ShadowUserArea() uint64 { return c.shadowUser }
 
+// GPFIFOEntries returns the GPFIFO ring size the shadow RAMIN declares,
+// from the aggregator's own copy of it (no VRAM read).
+func (c *Channel) GPFIFOEntries() uint32 {
+	_, n := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(c.cur[nvc0.RAMINGPFIFOLo:]), binary.LittleEndian.Uint32(c.cur[nvc0.RAMINGPFIFOHi:]))
+	return n
+}
+
 // Err returns why the channel is invalid, or nil.
 func (c *Channel) Err() error { return c.err }
 
