@@ -3,6 +3,8 @@ package aggregator
 import (
 	"fmt"
 	"slices"
+
+	"github.com/gpuvm/gpuvm/config"
 )
 
 // Features are the GPUvm optimizations a vGPU runs with.
@@ -24,24 +26,24 @@ type Features struct {
 }
 
 // fvModes maps the full-virtualization mode names to their features.
-func fvModes() map[string]Features {
-	return map[string]Features{
-		"fv-naive":       {},
-		"fv-bar-remap":   {Remap: true},
-		"fv-lazy":        {Lazy: true},
-		"fv-optimized":   {Lazy: true, Remap: true},
-		"fv-incremental": {Lazy: true, Remap: true, Incremental: true},
+func fvModes() map[config.Mode]Features {
+	return map[config.Mode]Features{
+		config.ModeFVNaive:       {},
+		config.ModeFVBARRemap:    {Remap: true},
+		config.ModeFVLazy:        {Lazy: true},
+		config.ModeFVOptimized:   {Lazy: true, Remap: true},
+		config.ModeFVIncremental: {Lazy: true, Remap: true, Incremental: true},
 	}
 }
 
-// FVModes lists the full-virtualization modes in order of optimization.
-func FVModes() []string {
-	return []string{"fv-naive", "fv-bar-remap", "fv-lazy", "fv-optimized", "fv-incremental"}
-}
+// FVModes lists the full-virtualization modes in order of optimization:
+// the modes the configuration accepts (config.Modes), each of which has
+// its features here (TestModesServed).
+func FVModes() []string { return config.ModeNames() }
 
 // FeaturesFor returns the features of a full-virtualization mode.
 func FeaturesFor(mode string) (Features, error) {
-	f, ok := fvModes()[mode]
+	f, ok := fvModes()[config.Mode(mode)]
 	if !ok {
 		return f, fmt.Errorf("mode %q is not served by this aggregator (have %v)", mode, FVModes())
 	}

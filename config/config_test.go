@@ -436,7 +436,7 @@ vram = 0
 channels = 0
 `,
 			want: []string{
-				`t.toml:4:8: vm[0].mode: unknown mode "fv-fast" (want one of native, fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling)`,
+				`t.toml:4:8: vm[0].mode: unknown mode "fv-fast"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental`,
 				`t.toml:6:1: vm[1]: needs a name or a domid to match a VM`,
 				`t.toml:10:8: vm[2].name: duplicate name "a" (also in vm[0] at line 2)`,
 				`t.toml:11:9: vm[2].domid: duplicate domid 1 (also in vm[0] at line 3)`,
@@ -495,12 +495,12 @@ func TestValidateWithoutFile(t *testing.T) {
 	c := Default()
 	c.Partition.Reserved = 3 * GiB
 	c.Scheduler.Policy = "nope"
-	c.VMs = []VMConfig{{Name: "a", Mode: ModePVDRM, Weight: 1}, {DomID: 3, Mode: "x", Weight: 1}, {Mode: ModeNative, Weight: 1}}
+	c.VMs = []VMConfig{{Name: "a", Mode: ModeFVLazy, Weight: 1}, {DomID: 3, Mode: "x", Weight: 1}, {Mode: ModeFVNaive, Weight: 1}}
 	got := problems(t, c.Validate())
 	want := []string{
 		"partition.vram_per_vm: max_vms (8) × vram_per_vm (512MiB) + reserved (3GiB) = 7GiB exceeds the board's vram (6GiB)",
 		`scheduler.policy: unknown policy "nope" (want one of fifo, credit, band, wfq, timeslice, dfq)`,
-		`vm[1].mode: unknown mode "x" (want one of native, fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling)`,
+		`vm[1].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental`,
 		"vm[2]: needs a name or a domid to match a VM",
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -577,7 +577,7 @@ func TestRoundTrip(t *testing.T) {
 	// A Config encoded with BurntSushi/toml parses back to itself, and the
 	// typed fields decode with toml.Decode directly too.
 	c := Default()
-	c.VMs = []VMConfig{{Name: "g", DomID: 7, Mode: ModePVMulticall, Weight: 3, VRAM: 256 * MiB, Channels: 4}}
+	c.VMs = []VMConfig{{Name: "g", DomID: 7, Mode: ModeFVIncremental, Weight: 3, VRAM: 256 * MiB, Channels: 4}}
 	c.Scheduler.Watchdog = Duration{}
 	var buf bytes.Buffer
 	if err := toml.NewEncoder(&buf).Encode(c); err != nil {
@@ -604,7 +604,7 @@ func TestRoundTrip(t *testing.T) {
 func TestLookupVM(t *testing.T) {
 	c := Default()
 	c.VMs = []VMConfig{
-		{Name: "a", Mode: ModePVDRM, Weight: 2, VRAM: 128 * MiB},
+		{Name: "a", Mode: ModeFVNaive, Weight: 2, VRAM: 128 * MiB},
 		{DomID: 5, Mode: ModeFVLazy, Weight: 1, Channels: 2},
 	}
 	tests := []struct {
@@ -612,7 +612,7 @@ func TestLookupVM(t *testing.T) {
 		domid int
 		want  VMConfig
 	}{
-		{"a", 9, VMConfig{Name: "a", Mode: ModePVDRM, Weight: 2, VRAM: 128 * MiB, Channels: 16}},
+		{"a", 9, VMConfig{Name: "a", Mode: ModeFVNaive, Weight: 2, VRAM: 128 * MiB, Channels: 16}},
 		{"x", 5, VMConfig{DomID: 5, Mode: ModeFVLazy, Weight: 1, VRAM: 512 * MiB, Channels: 2}},
 		{"x", 6, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16}},
 		{"", 0, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16}},
@@ -635,12 +635,12 @@ func TestNames(t *testing.T) {
 			t.Errorf("policy %q not valid", p)
 		}
 	}
-	if len(ModeNames()) != 10 || len(PolicyNames()) != 6 || Mode("fv").Valid() || Policy("").Valid() {
+	if len(ModeNames()) != 5 || len(PolicyNames()) != 6 || Mode("fv").Valid() || Policy("").Valid() {
 		t.Error("mode or policy list wrong")
 	}
 	// The returned slices are copies.
 	ModeNames()[0] = "x"
-	if ModeNames()[0] != "native" {
+	if ModeNames()[0] != "fv-naive" {
 		t.Error("ModeNames shares state")
 	}
 }
@@ -651,7 +651,7 @@ func TestCRLFAndBOM(t *testing.T) {
 	got := problems(t, err)
 	want := []string{
 		"w.toml:3:1: board.bogus: unknown key",
-		`w.toml:6:8: vm[0].mode: unknown mode "x" (want one of native, fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling)`,
+		`w.toml:6:8: vm[0].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental`,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -677,6 +677,30 @@ func TestSchedulerNEONParameters(t *testing.T) {
 	for _, want := range []string{"s.toml:2:19: scheduler.sample_requests: 0 is outside 1..1048576", "s.toml:3:19: scheduler.free_run_factor: 5000 is outside 1..1000"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+// A [[vm]] mode the daemon cannot serve is refused at load time, with its
+// position and the modes this build serves, instead of passing the checks
+// and having every such VM refused when it connects.
+func TestModesTheBuildCannotServe(t *testing.T) {
+	served := "fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental"
+	for mode, want := range map[string]string{
+		"pvdrm":         `m.toml:3:8: vm[0].mode: mode "pvdrm" (GPUvm's para-virtualization) is not built; this build serves ` + served,
+		"pv-naive":      `m.toml:3:8: vm[0].mode: mode "pv-naive" (GPUvm's para-virtualization) is not built; this build serves ` + served,
+		"pv-multicall":  `m.toml:3:8: vm[0].mode: mode "pv-multicall" (GPUvm's para-virtualization) is not built; this build serves ` + served,
+		"pvdrm-pooling": `m.toml:3:8: vm[0].mode: mode "pvdrm-pooling" (GPUvm's para-virtualization) is not built; this build serves ` + served,
+		"native":        `m.toml:3:8: vm[0].mode: mode "native" is the baseline without virtualization (gpuvm bench --mode native); the daemon serves VMs in ` + served,
+	} {
+		_, err := Parse([]byte("[[vm]]\nname = \"g\"\nmode = \""+mode+"\"\n"), "m.toml")
+		if got := problems(t, err); len(got) != 1 || got[0] != want {
+			t.Errorf("mode %s: problems %q\nwant %q", mode, got, want)
+		}
+	}
+	for _, m := range ModeNames() {
+		if _, err := Parse([]byte("[[vm]]\nname = \"g\"\nmode = \""+m+"\"\n"), "m.toml"); err != nil {
+			t.Errorf("mode %s refused: %v", m, err)
 		}
 	}
 }

@@ -323,7 +323,7 @@ func (c Config) validateVMs(v *validator) {
 			}
 		}
 		if v.ok(key("mode")) && !vm.Mode.Valid() {
-			v.errorf([]string{key("mode")}, "unknown mode %q (want one of %s)", vm.Mode, strings.Join(ModeNames(), ", "))
+			v.errorf([]string{key("mode")}, "%s", modeProblem(vm.Mode))
 		}
 		if v.ok(key("weight")) && vm.Weight < 1 {
 			v.errorf([]string{key("weight")}, "%d is below 1", vm.Weight)
