@@ -34,8 +34,9 @@ type Options struct {
 	Watchdog time.Duration
 	// Weight returns a guest's scheduling weight (nil: 1 for everyone).
 	Weight func(Guest) int
-	// Mode returns the mode the operator configured for a guest, which
-	// overrides the one its device model asked for ("" : no override).
+	// Mode returns the mode the operator configured for a guest ("": the
+	// device model chooses). A device model that asks for another mode is
+	// refused, with both modes in the reason.
 	Mode func(Guest) string
 	// Quota returns a guest's channel and VRAM quota within its slot (nil,
 	// or zeros: the whole slot).

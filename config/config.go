@@ -365,6 +365,23 @@ func (c Config) LookupVM(name string, domid int) VMConfig {
 	return v
 }
 
+// ConfiguredMode returns the mode the operator set for the VM called name
+// with domain id domid: the mode key of the first [[vm]] entry that matches
+// (as LookupVM matches), if that entry has one, else "" — no entry, or an
+// entry that leaves mode out, lets the VM's device model choose. For a
+// Config not parsed from a file an entry's Mode counts as set.
+func (c Config) ConfiguredMode(name string, domid int) Mode {
+	for i, e := range c.VMs {
+		if name != "" && e.Name == name || domid != 0 && e.DomID == domid {
+			if c.src == nil || c.src.written(joinKey(indexKey("vm", i), "mode")) {
+				return e.Mode
+			}
+			return ""
+		}
+	}
+	return ""
+}
+
 // Load reads and parses the configuration file at path (see Parse).
 func Load(path string) (Config, error) {
 	data, err := os.ReadFile(path)

@@ -704,3 +704,28 @@ func TestModesTheBuildCannotServe(t *testing.T) {
 		}
 	}
 }
+
+func TestConfiguredMode(t *testing.T) {
+	c, err := Parse([]byte("[[vm]]\nname = \"a\"\nmode = \"fv-naive\"\n[[vm]]\ndomid = 5\nweight = 2\n"), "m.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name  string
+		domid int
+		want  Mode
+	}{
+		{"a", 0, ModeFVNaive},
+		{"x", 5, ""}, // an entry without a mode key leaves the choice to the device model
+		{"x", 6, ""},
+		{"", 0, ""},
+	} {
+		if got := c.ConfiguredMode(tt.name, tt.domid); got != tt.want {
+			t.Errorf("ConfiguredMode(%q, %d) = %q, want %q", tt.name, tt.domid, got, tt.want)
+		}
+	}
+	c.src = nil // built in code: every entry's mode is set
+	if got := c.ConfiguredMode("x", 5); got != ModeFVOptimized {
+		t.Errorf("ConfiguredMode without a file = %q", got)
+	}
+}

@@ -98,14 +98,7 @@ func runServe(c *cli.Context) error {
 		PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
 		// Per-VM [[vm]] settings, matched by domain name or id.
 		Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
-		Mode: func(g aggregator.Guest) string {
-			for _, v := range cfg.VMs { // only an explicit [[vm]] entry overrides
-				if v.Name != "" && v.Name == g.Name || v.DomID != 0 && v.DomID == int(g.DomID) {
-					return string(v.Mode)
-				}
-			}
-			return ""
-		},
+		Mode:   func(g aggregator.Guest) string { return string(cfg.ConfiguredMode(g.Name, int(g.DomID))) },
 		Quota: func(g aggregator.Guest) (int, uint64) {
 			v := cfg.LookupVM(g.Name, int(g.DomID))
 			return v.Channels, uint64(v.VRAM)
