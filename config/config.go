@@ -409,11 +409,15 @@ func Parse(data []byte, filename string) (Config, error) {
 		if errors.As(err, &pe) {
 			e.Line, e.Col = pe.Position.Line, pe.Position.Col
 			e.Msg = pe.Message
-			// The toml package sometimes places the column past the end
-			// of the line (and its newline); then only the line is meaningful.
-			lines := strings.Split(string(data), "\n")
-			if e.Line < 1 || e.Line > len(lines) || e.Col > len(lines[e.Line-1])+1 {
-				e.Col = 0
+			// The toml package counts a line as soon as its lexer has
+			// consumed the newline, so an error found at the end of a
+			// line (a missing ']' on line 1) is reported on the next one.
+			// The error's byte offset (in the text without a BOM, as the
+			// package reads it) is exact: place it from that.
+			text := strings.TrimPrefix(string(data), "\ufeff")
+			if start := pe.Position.Start; start >= 0 && start <= len(text) {
+				e.Line = 1 + strings.Count(text[:start], "\n")
+				e.Col = start - strings.LastIndexByte(text[:start], '\n')
 			}
 		}
 		return c, ErrorList{e}

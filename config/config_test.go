@@ -119,7 +119,24 @@ socket = "/run/x
 max_vms = 4
 max_vms = 5
 `,
-			want: []string{"t.toml:3: Key 'daemon.max_vms' has already been defined."},
+			want: []string{"t.toml:3:1: Key 'daemon.max_vms' has already been defined."},
+		},
+		{
+			// The toml package places this on line 2 (it has read the
+			// newline); the error is on line 1, at the end of the line.
+			name: "missing ] on line 1",
+			in:   "[board\nvram = \"1GiB\"\n",
+			want: []string{"t.toml:1:7: expected '.' or ']' to end table name, but got '\\n' instead"},
+		},
+		{
+			name: "missing ] of a table array, after blank lines",
+			in:   "[board]\n\n\n[[vm]\nname = \"a\"\n",
+			want: []string{"t.toml:4:5: expected end of table array name delimiter ']', but got '\\n' instead"},
+		},
+		{
+			name: "missing ] after a BOM and CRLF",
+			in:   "\ufeffa = 1\r\n[b\r\n",
+			want: []string{"t.toml:2:3: expected '.' or ']' to end table name, but got '\\r' instead"},
 		},
 		{
 			name: "unknown key in second vm",
