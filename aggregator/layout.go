@@ -8,7 +8,10 @@ import (
 )
 
 // Region is a [Base, Base+Size) range of an address space.
-type Region struct{ Base, Size uint64 }
+type Region struct {
+	Base uint64 `json:"base"`
+	Size uint64 `json:"size"`
+}
 
 // End is one past the region's last byte.
 func (r Region) End() uint64 { return r.Base + r.Size }
@@ -19,21 +22,24 @@ func (r Region) Contains(addr, n uint64) bool {
 }
 
 // Slot is one VM's static partition of the board.
+//
+// Its JSON form (the control API's /v1/layout) uses the snake_case names of
+// VGPUInfo: channel_base and channels as there.
 type Slot struct {
-	Index    int
-	VRAM     Region // physical VRAM slice; the guest sees [0, VRAM.Size)
-	ChanBase int    // first physical channel; the guest's channel v is ChanBase+v
-	Chans    int
-	BAR1     Region // slice of the physical BAR1 aperture
-	BAR3     Region // slice of the physical BAR3 aperture
+	Index    int    `json:"index"`
+	VRAM     Region `json:"vram"`         // physical VRAM slice; the guest sees [0, VRAM.Size)
+	ChanBase int    `json:"channel_base"` // first physical channel; the guest's channel v is ChanBase+v
+	Chans    int    `json:"channels"`
+	BAR1     Region `json:"bar1"` // slice of the physical BAR1 aperture
+	BAR3     Region `json:"bar3"` // slice of the physical BAR3 aperture
 }
 
 // Layout is how the board is shared: the aggregator's reserved VRAM at the
 // bottom, the physical poll area at the bottom of BAR1, and one Slot per VM.
 type Layout struct {
-	Reserved Region // VRAM for the physical BAR tables, playlists and every shadow structure
-	PollArea Region // BAR1 range of the physical poll area (one user page per board channel)
-	Slots    []Slot
+	Reserved Region `json:"reserved"`  // VRAM for the physical BAR tables, playlists and every shadow structure
+	PollArea Region `json:"poll_area"` // BAR1 range of the physical poll area (one user page per board channel)
+	Slots    []Slot `json:"slots"`
 }
 
 // NewLayout partitions a board of vramSize bytes and channels channels as the

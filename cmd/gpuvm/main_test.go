@@ -288,7 +288,7 @@ weight = 2
 		t.Fatalf("VM process: %v\n%s\ndaemon:\n%s", err, out, serr.String())
 	}
 	out, _, err := runApp(t, "vgpu", "layout", "--control-socket", ctl)
-	if err != nil || !strings.Contains(out, `"Slots"`) {
+	if err != nil || !strings.Contains(out, `"slots"`) {
 		t.Fatalf("control API layout: %v\n%s", err, out)
 	}
 	if err := serve.Process.Signal(syscall.SIGTERM); err != nil {
