@@ -41,10 +41,13 @@ type ListenOptions struct {
 
 // Listener accepts device-model connections on a Unix SOCK_SEQPACKET socket.
 type Listener struct {
-	ln   *net.UnixListener
-	path string
-	opts ListenOptions
-	log  *slog.Logger
+	ln     *net.UnixListener
+	path   string
+	file   os.FileInfo // the socket file it created (Close removes only that)
+	rmOnce sync.Once
+	rmErr  error
+	opts   ListenOptions
+	log    *slog.Logger
 
 	ready chan *Pending
 	sem   chan struct{}
@@ -62,9 +65,11 @@ type Listener struct {
 //
 // The socket is created in a fresh private directory next to path, made mode
 // 0600 (only the aggregator's user may connect: the socket hands out access to
-// the GPU), and then renamed to path, so it never exists with a wider mode. A
-// stale socket at path (one nobody listens on) is removed; a live one, or any
-// other kind of file, is an error.
+// the GPU), and then linked to path, so it never exists with a wider mode and
+// never replaces a socket another server created meanwhile. A stale socket at
+// path (one nobody listens on) is removed; a live one, one that cannot be told
+// stale, or any other kind of file, is an error. Close removes the socket if
+// it is still this listener's.
 func Listen(path string, opts *ListenOptions) (*Listener, error) {
 	var o ListenOptions
 	if opts != nil {
@@ -94,30 +99,12 @@ func Listen(path string, opts *ListenOptions) (*Listener, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := removeStale(path); err != nil {
+	ln, fi, err := listenUnix("unixpacket", path)
+	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(filepath.Dir(path), ".gpuvm-sock-")
-	if err != nil {
-		return nil, fmt.Errorf("ipc: listen %s: %w", path, err)
-	}
-	defer os.RemoveAll(dir)
-	tmp := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
-	if err != nil {
-		return nil, fmt.Errorf("ipc: listen %s: %w", path, err)
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen %s: chmod: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen %s: %w", path, err)
-	}
 	l := &Listener{
-		ln: ln, path: path, opts: o, log: log,
+		ln: ln, path: path, file: fi, opts: o, log: log,
 		ready:    make(chan *Pending),
 		sem:      make(chan struct{}, o.MaxHandshakes),
 		done:     make(chan struct{}),
@@ -128,7 +115,57 @@ func Listen(path string, opts *ListenOptions) (*Listener, error) {
 	return l, nil
 }
 
-func removeStale(path string) error {
+// listenUnix creates a Unix socket of network ("unixpacket" or "unix") at
+// path, as Listen documents: made in a fresh private directory next to
+// path, mode 0600, then linked to path, which fails if anything appeared
+// there meanwhile (two servers starting at once cannot replace each
+// other's socket). A stale socket at path is removed first; a live one,
+// one it cannot tell is stale, or any other kind of file is an error. It
+// returns the listener and the socket file's identity, for removeOwn.
+func listenUnix(network, path string) (*net.UnixListener, os.FileInfo, error) {
+	if err := removeStale(network, path); err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".gpuvm-sock-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipc: listen %s: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipc: listen %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	fail := func(err error) (*net.UnixListener, os.FileInfo, error) {
+		ln.Close()
+		return nil, nil, fmt.Errorf("ipc: listen %s: %w", path, err)
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(fmt.Errorf("chmod: %w", err))
+	}
+	if err := os.Link(tmp, path); errors.Is(err, os.ErrExist) {
+		return fail(errors.New("another server created a socket there meanwhile"))
+	} else if err != nil {
+		// A file system without hard links: replace instead (the stale
+		// check above is then the only guard).
+		if err := os.Rename(tmp, path); err != nil {
+			return fail(err)
+		}
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(err)
+	}
+	return ln, fi, nil
+}
+
+// removeStale removes a socket at path that nobody listens on (a dial
+// is refused). A live socket, a socket it cannot tell is stale (a dial of
+// network fails otherwise, e.g. a socket of another type: the device
+// socket of another daemon given as this one's control socket), and any
+// other kind of file are left alone and reported.
+func removeStale(network, path string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -139,15 +176,67 @@ func removeStale(path string) error {
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("ipc: listen %s: exists and is not a socket", path)
 	}
-	c, err := net.DialTimeout("unixpacket", path, time.Second)
-	if err == nil {
+	c, err := net.DialTimeout(network, path, time.Second)
+	switch {
+	case err == nil:
 		c.Close()
 		return fmt.Errorf("ipc: listen %s: another server is listening there", path)
+	case !errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("ipc: listen %s: a socket is there and it cannot be told stale (%v); remove it if no server uses it", path, err)
 	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("ipc: listen %s: remove stale socket: %w", path, err)
 	}
 	return nil
+}
+
+// removeOwn removes the socket at path if it is still the one fi describes
+// (a server never removes a socket it does not own). Call it while the
+// listener is open: that keeps the inode from being reused.
+func removeOwn(path string, fi os.FileInfo) error {
+	cur, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi != nil && !os.SameFile(cur, fi) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// ListenStream creates a Unix stream socket at path with the same care as
+// Listen takes with the device-model socket (mode 0600 from the start, a
+// live socket at path refused, a stale one replaced, creation exclusive),
+// for the aggregator's control API. Closing the listener removes the
+// socket if it is still its own.
+func ListenStream(path string) (net.Listener, error) {
+	ln, fi, err := listenUnix("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	return &streamListener{UnixListener: ln, path: path, file: fi}, nil
+}
+
+type streamListener struct {
+	*net.UnixListener
+	path string
+	file os.FileInfo
+	once sync.Once
+	err  error
+}
+
+// Close removes the socket (if still its own) and stops listening: in that
+// order, because the open listener pins the socket's inode, so the identity
+// check cannot be fooled by a new socket that reuses the inode number.
+func (l *streamListener) Close() error {
+	l.once.Do(func() { l.err = removeOwn(l.path, l.file) })
+	return errors.Join(l.err, l.UnixListener.Close())
 }
 
 // Addr returns the socket path.
@@ -242,10 +331,11 @@ func (l *Listener) shutdown() {
 // Close stops accepting, refuses connections still in the handshake, and
 // removes the socket file. Established ServerConns are not affected.
 func (l *Listener) Close() error {
+	l.rmOnce.Do(func() { l.rmErr = removeOwn(l.path, l.file) }) // while the socket is open: see streamListener.Close
 	l.shutdown()
 	l.wg.Wait()
-	if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("ipc: close listener: %w", err)
+	if l.rmErr != nil {
+		return fmt.Errorf("ipc: close listener: %w", l.rmErr)
 	}
 	return nil
 }

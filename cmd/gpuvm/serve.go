@@ -118,12 +118,10 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer ln.Close()
-	_ = os.Remove(cfg.Daemon.ControlSocket)
-	cln, err := net.Listen("unix", cfg.Daemon.ControlSocket)
+	// Created and owned as the device socket is: a live control socket
+	// (another daemon's) is refused, never deleted.
+	cln, err := ipc.ListenStream(cfg.Daemon.ControlSocket)
 	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(cfg.Daemon.ControlSocket, 0o600); err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	srv := &http.Server{Handler: agg.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}

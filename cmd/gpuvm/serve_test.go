@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// daemonConfig is a small daemon configuration on dir's sockets.
+func daemonConfig(t *testing.T, dir, sock, ctl, extra string) string {
+	t.Helper()
+	conf := dir + "/" + strings.TrimSuffix(strings.TrimPrefix(sock, dir+"/"), ".sock") + ".toml"
+	if err := os.WriteFile(conf, []byte(`[board]
+vram = "1GiB"
+mem_partitions = 4
+[daemon]
+socket = "`+sock+`"
+control_socket = "`+ctl+`"
+max_vms = 2
+[partition]
+vram_per_vm = "256MiB"
+reserved = "128MiB"
+bar1_per_vm = "32MiB"
+bar3_per_vm = "8MiB"
+`+extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return conf
+}
+
+// daemon is a `gpuvm serve` process.
+type daemon struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan error
+}
+
+// startDaemon starts `gpuvm serve --config conf` and waits until its
+// control socket answers (or it exits).
+func startDaemon(t *testing.T, conf, ctl string) *daemon {
+	t.Helper()
+	d := &daemon{cmd: selfCommand(context.Background(), []string{"serve", "--config", conf}), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+	})
+	for i := 0; ; i++ {
+		if _, _, err := runApp(t, "vgpu", "list", "--control-socket", ctl); err == nil {
+			return d
+		}
+		select {
+		case err := <-d.done:
+			d.done <- err
+			t.Fatalf("daemon exited before serving: %v\n%s", err, d.stderr)
+		default:
+		}
+		if i > 500 {
+			t.Fatalf("daemon did not come up:\n%s", d.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-d.done; err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v\n%s", err, d.stderr)
+	}
+	d.done <- nil
+}
+
+// TestSecondDaemonSameControlSocket: a second `gpuvm serve` with its own
+// device socket but the first one's control socket is refused, and the
+// first daemon's control socket survives it (it used to be deleted).
+func TestSecondDaemonSameControlSocket(t *testing.T) {
+	dir := t.TempDir()
+	ctl := dir + "/ctl.sock"
+	first := startDaemon(t, daemonConfig(t, dir, dir+"/a.sock", ctl, ""), ctl)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	second := selfCommand(ctx, []string{"serve", "--config", daemonConfig(t, dir, dir+"/b.sock", ctl, "")})
+	out, err := second.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("the second daemon is serving on the first one's control socket:\n%s", out)
+	}
+	if err == nil {
+		t.Fatalf("the second daemon exited 0:\n%s", out)
+	}
+	if !strings.Contains(string(out), "another server is listening there") {
+		t.Errorf("the second daemon's error does not say why:\n%s", out)
+	}
+	if _, err := os.Stat(dir + "/b.sock"); !os.IsNotExist(err) {
+		t.Errorf("the refused daemon left its device socket behind: %v", err)
+	}
+	if _, _, err := runApp(t, "vgpu", "list", "--control-socket", ctl); err != nil {
+		t.Fatalf("the first daemon's control socket is gone after the second daemon: %v", err)
+	}
+	if _, err := os.Stat(dir + "/a.sock"); err != nil {
+		t.Errorf("the first daemon's device socket: %v", err)
+	}
+	first.stop(t)
+	if _, err := os.Stat(ctl); !os.IsNotExist(err) {
+		t.Errorf("control socket left after a clean shutdown: %v", err)
+	}
+}
