@@ -202,6 +202,16 @@ func (a *Aggregator) Detach(v *VGPU) error {
 	return err
 }
 
+// Destroy tears a vGPU down on the operator's behalf (the control API):
+// the VM's device model is told at once — its connection ends with a Bye
+// carrying reason, so the VM sees its GPU gone instead of finding out from
+// failing accesses — and then the vGPU is detached as Detach does.
+func (a *Aggregator) Destroy(v *VGPU, reason string) error {
+	v.log.Info("vGPU destroyed", "reason", reason)
+	v.hangUp(reason)
+	return a.Detach(v)
+}
+
 // OutOfService returns the slots taken out of service, with the reasons.
 func (a *Aggregator) OutOfService() map[int]string {
 	a.mu.Lock()

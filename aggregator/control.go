@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 )
@@ -54,7 +55,7 @@ func (a *Aggregator) ControlHandler() http.Handler {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
 			return
 		}
-		if err := a.Detach(v); err != nil {
+		if err := a.Destroy(v, fmt.Sprintf("vGPU %d destroyed through the control API", v.ID)); err != nil {
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 			return
 		}

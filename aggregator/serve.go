@@ -122,8 +122,12 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		_ = a.Detach(v)
 		return
 	}
+	v.onHangup(conn.End)
 	err = conn.Serve(ctx, v)
+	var ended *ipc.EndedError
 	switch {
+	case errors.As(err, &ended):
+		log.Info("device model disconnected", "reason", ended.Reason)
 	case errors.Is(err, ipc.ErrPeerClosed), ctx.Err() != nil:
 		log.Info("device model gone", "reason", err)
 	default:

@@ -56,6 +56,19 @@ type VGPU struct {
 
 	ctr counters
 
+	// The VM's connection: hangup ends it with a reason (set once the
+	// connection is up); gone is why the vGPU was destroyed, once it was.
+	// Under hangMu.
+	hangMu sync.Mutex
+	hangup func(reason string)
+	gone   string
+
+	// teardown runs once; a concurrent caller waits for it and gets its
+	// result (the control API and the VM's own connection may both detach).
+	down      sync.Once
+	downClean bool
+	downErr   error
+
 	// mu serialises the VM's trapped accesses, the watchdog's stops and
 	// the doorbell poller, and guards everything below.
 	mu   sync.Mutex
@@ -201,11 +214,40 @@ func (v *VGPU) reclaim() {
 // is taken out of service: nothing the wedged channel may still use is
 // freed or handed to a new tenant. It reports whether the slot is clean.
 func (v *VGPU) teardown() (clean bool, err error) {
-	v.mu.Lock()
-	if v.dead {
-		v.mu.Unlock()
-		return true, nil
+	v.down.Do(func() { v.downClean, v.downErr = v.tearDown() })
+	return v.downClean, v.downErr
+}
+
+// onHangup registers how to end the VM's connection; if the vGPU was
+// destroyed already, it is called at once.
+func (v *VGPU) onHangup(f func(reason string)) {
+	v.hangMu.Lock()
+	gone := v.gone
+	if gone == "" {
+		v.hangup = f
 	}
+	v.hangMu.Unlock()
+	if gone != "" {
+		f(gone)
+	}
+}
+
+// hangUp records why the vGPU goes away and ends the VM's connection with
+// that reason (the device model gets it in a Bye).
+func (v *VGPU) hangUp(reason string) {
+	v.hangMu.Lock()
+	if v.gone == "" {
+		v.gone = reason
+	}
+	f := v.hangup
+	v.hangMu.Unlock()
+	if f != nil {
+		f(reason)
+	}
+}
+
+func (v *VGPU) tearDown() (clean bool, err error) {
+	v.mu.Lock()
 	v.dead = true
 	v.agg.disp.removeVM(v)
 	var errs []error

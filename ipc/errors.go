@@ -64,3 +64,11 @@ func (e *HandlerError) Error() string { return "ipc: handler " + e.Op + ": " + e
 
 // Unwrap returns the handler's error.
 func (e *HandlerError) Unwrap() error { return e.Err }
+
+// EndedError is what Serve returns when the server ended the connection with
+// ServerConn.End; the client received Reason in the Bye.
+type EndedError struct {
+	Reason string
+}
+
+func (e *EndedError) Error() string { return "ipc: connection ended by the server: " + e.Reason }

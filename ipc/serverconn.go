@@ -87,9 +87,9 @@ func (s *ServerConn) stopReason() error {
 
 // Serve executes the client's requests with h until ctx is done, the peer
 // hangs up (the socket reaches EOF: the device model died or closed), the
-// client violates the protocol, or h returns an error. It returns the reason:
-// an error matching ErrPeerClosed, ctx's error, a *ViolationError or a
-// *HandlerError. Except for a peer hang-up, the client is sent a Bye with the
+// client violates the protocol, h returns an error, or the server calls End.
+// It returns the reason: an error matching ErrPeerClosed, ctx's error, a
+// *ViolationError, a *HandlerError or an *EndedError. Except for a peer hang-up, the client is sent a Bye with the
 // reason. Serve closes the socket but not the rest; call Close afterwards.
 // Serve may be called once.
 func (s *ServerConn) Serve(ctx context.Context, h Handler) error {
@@ -125,13 +125,30 @@ func (s *ServerConn) Serve(ctx context.Context, h Handler) error {
 	s.ending = true
 	s.mu.Unlock()
 	if r := s.stopReason(); r != nil && !errors.Is(err, ErrProtocolViolation) {
+		// A handler error is the better reason, except after End: then it
+		// is likely a consequence of what made the server end (a request
+		// meeting the vGPU that is being torn down).
 		var he *HandlerError
-		if !errors.As(err, &he) {
+		var ee *EndedError
+		if !errors.As(err, &he) || errors.As(r, &ee) {
 			err = r
 		}
 	}
 	s.end(err)
 	return err
+}
+
+// End ends the connection on the server's initiative: Serve stops (between
+// requests), sends the client a Bye with reason, and returns an
+// *EndedError with it. It does not wait for Serve. Called before Serve,
+// Serve ends at once; after Serve returned, or after Close, it does nothing.
+func (s *ServerConn) End(reason string) {
+	s.stop(&EndedError{Reason: reason})
+	s.mu.Lock()
+	if !s.ending && !s.closed {
+		s.conn.SetDeadline(time.Unix(1, 0)) // unblock a socket read
+	}
+	s.mu.Unlock()
 }
 
 // end tells the client why (unless it hung up), and closes the socket.
@@ -142,8 +159,11 @@ func (s *ServerConn) end(err error) {
 		s.log.Warn("ipc: closing connection", "err", err)
 		reason := err.Error()
 		var ve *ViolationError
+		var ee *EndedError
 		if errors.As(err, &ve) {
 			reason = "protocol violation: " + ve.Reason
+		} else if errors.As(err, &ee) {
+			reason = ee.Reason
 		} else if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			reason = "server shutting down"
 		}

@@ -1,8 +1,13 @@
 package tests
 
 import (
+	"bytes"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,5 +53,64 @@ func TestModeConflictRefused(t *testing.T) {
 	e.connect(t, "free", 12, "fv-lazy")
 	if v := e.vgpu("free"); v == nil || v.Guest.Mode != "fv-lazy" {
 		t.Errorf("a VM without a configured mode: vGPU %v, want mode fv-lazy", v)
+	}
+}
+
+// TestDestroyedVGPUNoticedPromptly: when the operator destroys a vGPU
+// through the control API (gpuvm vgpu destroy), the VM's device model is
+// told at once — the aggregator ends its connection with a Bye saying why —
+// and the VM process, in the middle of its work, fails and exits within
+// seconds, naming the reason; it used to take ~20 s (the guest driver's
+// register waits on a device reading all-ones each ran to their 10 s
+// timeout before it gave up). The slot is free again, and the aggregator
+// logs the detach once.
+func TestDestroyedVGPUNoticedPromptly(t *testing.T) {
+	var (
+		logs   logCounter
+		logMu  sync.Mutex
+		logBuf bytes.Buffer
+	)
+	logText := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logBuf.String()
+	}
+	e := newEnvWith(t, envOptions{Logger: newCountingLogger(&logs, lockedWriter{&logMu, &logBuf})})
+	srv := httptest.NewServer(e.agg.ControlHandler())
+	defer srv.Close()
+	p, v := e.startBusyHonest(t, 1000)
+	req, err := http.NewRequest(http.MethodDelete, srv.URL+"/v1/vgpus/"+strconv.Itoa(v.ID), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE: %s", resp.Status)
+	}
+	const within = 3 * time.Second
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the VM was still running 30 s after its vGPU was destroyed\nstderr:\n%s", p.stderr())
+	}
+	took := time.Since(start)
+	t.Logf("the VM exited %v after the destroy: %v", took.Round(time.Millisecond), p.errv)
+	if took > within {
+		t.Errorf("the VM took %v to notice its vGPU was destroyed, want under %v\nstderr:\n%s", took.Round(time.Millisecond), within, p.stderr())
+	}
+	if p.errv == nil {
+		t.Errorf("the VM exited 0 after losing its vGPU")
+	}
+	if !strings.Contains(p.stderr()+p.out.String(), "destroyed through the control API") {
+		t.Errorf("the VM's output does not say its vGPU was destroyed:\nstdout:\n%s\nstderr:\n%s", p.out.String(), p.stderr())
+	}
+	e.waitDetached(t, "honest", 5*time.Second)
+	if n := strings.Count(logText(), "vGPU detached"); n != 1 {
+		t.Errorf(`"vGPU detached" logged %d times, want once:\n%s`, n, logText())
 	}
 }

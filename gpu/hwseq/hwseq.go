@@ -19,19 +19,35 @@ var (
 	ErrDeviceGone = errors.New("device reads all-ones: gone")
 )
 
+// GoneAfter is how long a register must keep reading all-ones
+// (nvc0.ReadAllOnes) before Wait decides the device is gone. None of the
+// status registers waited on reads all-ones on a live board, so this only
+// rides out a glitch; the point is not to spend the whole timeout: a device
+// model whose aggregator destroyed its vGPU reads all-ones from then on, and
+// a driver tearing down (a preempt, then a playlist update) used to spend
+// two full 10 s timeouts finding that out.
+const GoneAfter = time.Millisecond
+
 // Wait polls BAR0 register reg until cond holds or timeout passes. A register
-// that read all-ones for the whole wait means the device is gone.
+// that keeps reading all-ones for GoneAfter means the device is gone
+// (ErrDeviceGone), without waiting for the timeout.
 func Wait(m gpu.MMIO, what string, reg uint32, timeout time.Duration, cond func(uint32) bool) error {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	var onesSince time.Time // zero: the last read was not all-ones
 	for i := 0; ; i++ {
 		v := m.Read32(nvc0.BAR0, uint64(reg))
 		if cond(v) {
 			return nil
 		}
+		if v != nvc0.ReadAllOnes {
+			onesSince = time.Time{}
+		} else if onesSince.IsZero() {
+			onesSince = time.Now()
+		} else if time.Since(onesSince) >= min(GoneAfter, timeout) {
+			return fmt.Errorf("%s: %w", what, ErrDeviceGone)
+		}
 		if i&63 == 63 && time.Now().After(deadline) {
-			if v == 0xFFFFFFFF {
-				return fmt.Errorf("%s: %w", what, ErrDeviceGone)
-			}
 			return fmt.Errorf("%s (reg %#x = %#x): %w", what, reg, v, ErrTimeout)
 		}
 	}

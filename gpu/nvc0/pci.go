@@ -45,3 +45,10 @@ func BARSize(bar int) uint64 {
 	}
 	return 0
 }
+
+// ReadAllOnes is what a read from a device that is gone returns: a PCIe
+// read the device does not complete (it fell off the bus, or, for a virtual
+// GPU, its aggregator connection ended) completes as an Unsupported
+// Request, which the root complex returns to the CPU as all-ones. Drivers
+// test for it (Linux: PCI_POSSIBLE_ERROR, include/linux/pci.h).
+const ReadAllOnes = 0xFFFFFFFF
