@@ -29,7 +29,7 @@ func fairnessCommand() *cli.Command {
 			"usage over 500 ms and 100 ms windows, Jain's fairness index over those windows,\n" +
 			"throughput, and each policy's execution-time overhead against FIFO.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts (even: half madd, half long-madd)"},
+			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts, each even, 2..64 (half the VMs loop madd, half long-madd)"},
 			&cli.StringFlag{Name: "policy", Value: "fifo,band", Usage: "comma-separated policies: " + strings.Join(sched.Names(), ", ")},
 			&cli.DurationFlag{Name: "duration", Value: 6 * time.Second, Usage: "length of each run"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 256, Usage: "madd matrix dimension"},
@@ -44,12 +44,14 @@ func fairnessCommand() *cli.Command {
 	}
 }
 
-func parseInts(s string) ([]int, error) {
+// parseVMCounts parses --vms: even counts 2..64, because half the VMs of
+// a run loop madd and half long-madd (an odd count would not split).
+func parseVMCounts(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 64 {
-			return nil, fmt.Errorf("%q: want counts 1..64", f)
+		if err != nil || n < 2 || n > 64 || n%2 != 0 {
+			return nil, fmt.Errorf("%q: want even counts 2..64 (half the VMs loop madd, half long-madd)", f)
 		}
 		out = append(out, n)
 	}
@@ -61,7 +63,7 @@ func runFairness(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	vms, err := parseInts(c.String("vms"))
+	vms, err := parseVMCounts(c.String("vms"))
 	if err != nil {
 		return usageError("--vms %v", err)
 	}
