@@ -2,13 +2,16 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/bench"
+	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/ipc"
@@ -24,7 +27,7 @@ func devmodelCommand() *cli.Command {
 			"benchmark harness and a standalone check that an aggregator serves VMs correctly.\n" +
 			"Closing it (or killing it) makes the aggregator tear the vGPU down.",
 		Flags: []cli.Flag{
-			&cli.PathFlag{Name: "socket", Required: true, Usage: "the aggregator's device-model socket"},
+			&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket (gpuvm serve prints it)"},
 			&cli.UintFlag{Name: "domid", Value: 1, Usage: "Xen domain id of the VM"},
 			&cli.StringFlag{Name: "name", Value: "guest", Usage: "domain name"},
 			&cli.StringFlag{Name: "mode", Value: "fv-optimized", Usage: "virtualization mode: " + strings.Join(aggregator.FVModes(), ", ") + " (it must agree with the VM's [[vm]] mode in the daemon's configuration, if that sets one)"},
@@ -74,6 +77,7 @@ func runDevmodel(c *cli.Context) error {
 		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log}
 	if kind := c.String("fairness"); kind != "" {
 		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"))
+		err = noDaemonHint(err, "gpuvm serve", "--socket")
 		if jerr := bench.WriteJSONValue(c.App.Writer, load); jerr != nil {
 			return jerr
 		}
@@ -89,6 +93,7 @@ func runDevmodel(c *cli.Context) error {
 	progress := newProgress(c.App.ErrWriter)
 	results, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)
 	progress.done()
+	err = noDaemonHint(err, "gpuvm serve", "--socket")
 	if c.Bool("json") {
 		if results == nil {
 			results = []bench.Result{}
@@ -124,4 +129,12 @@ func parseTransport(s string) (ipc.Transport, error) {
 		return ipc.TransportSocket, nil
 	}
 	return 0, usageError("--transport %q: want shm or socket", s)
+}
+
+// noDaemonHint adds a hint to an error that says nothing listens on a socket.
+func noDaemonHint(err error, daemon, flag string) error {
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w (is %s running, on the socket %s names?)", err, daemon, flag)
+	}
+	return err
 }

@@ -153,10 +153,11 @@ func vgpuCommand() *cli.Command {
 		return func(c *cli.Context) error {
 			url := "http://aggregator" + path
 			if needID {
-				if c.Args().Len() != 1 {
-					return usageError("which vGPU? give its id")
+				args := positional(c)
+				if len(args) != 1 {
+					return usageHint(c, "want one vGPU id (gpuvm vgpu list shows them), got %d arguments", len(args))
 				}
-				url += "/" + c.Args().First()
+				url += "/" + args[0]
 			}
 			req, err := http.NewRequestWithContext(c.Context, method, url, nil)
 			if err != nil {
@@ -164,7 +165,7 @@ func vgpuCommand() *cli.Command {
 			}
 			resp, err := controlClient(c.Path("control-socket")).Do(req)
 			if err != nil {
-				return fmt.Errorf("control API: %w", err)
+				return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
 			}
 			defer resp.Body.Close()
 			if _, err := io.Copy(c.App.Writer, resp.Body); err != nil {

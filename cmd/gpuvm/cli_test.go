@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestUsageErrorsExit2: unknown flags and commands, stray or missing
+// arguments and bad values are usage errors: exit status 2 (as the README
+// says), one line naming the problem and where the help is, and no help
+// text dumped.
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string // in the one-line error
+	}{
+		{[]string{"--bogus"}, "flag provided but not defined: -bogus (see 'gpuvm --help')"},
+		{[]string{"frob"}, `unknown command "frob"`},
+		{[]string{"help", "frob"}, "No help topic for 'frob'"},
+		{[]string{"bench", "--nope"}, "(see 'gpuvm bench --help')"},
+		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness)`},
+		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
+		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
+		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, layout)`},
+		{[]string{"vgpu", "stats"}, "want one vGPU id"},
+		{[]string{"vgpu", "destroy", "1", "2"}, "got 2 arguments"},
+		{[]string{"vgpu", "stats", "0", "--nope"}, "flag provided but not defined: -nope (see 'gpuvm vgpu stats --help')"},
+		{[]string{"vgpu", "stats", "0", "--control-socket"}, "flag needs an argument: -control-socket"},
+	} {
+		stdout, stderr, err := runApp(t, tt.args...)
+		if code := exitCode(context.Background(), err); code != exitUsage {
+			t.Errorf("%v: exit %d (%v), want %d", tt.args, code, err, exitUsage)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, tt.want) || strings.Contains(msg, "\n") {
+			t.Errorf("%v: error %q, want one line containing %q", tt.args, msg, tt.want)
+		}
+		if strings.Contains(stdout+stderr, "USAGE:") {
+			t.Errorf("%v: help dumped:\n%s%s", tt.args, stdout, stderr)
+		}
+	}
+}
+
+// The real process: exit status 2 and one line on stderr.
+func TestUsageErrorProcess(t *testing.T) {
+	cmd := selfCommand(context.Background(), []string{"devmodel", "--no-such-flag"})
+	out, err := cmd.CombinedOutput()
+	var xe *exec.ExitError
+	if !errors.As(err, &xe) || xe.ExitCode() != exitUsage {
+		t.Fatalf("exit: %v, want status %d\n%s", err, exitUsage, out)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "gpuvm: ") {
+		t.Errorf("output is not one gpuvm: line:\n%s", out)
+	}
+}
+
+// TestHelpStillWorks: asking for help is not an error.
+func TestHelpStillWorks(t *testing.T) {
+	for _, args := range [][]string{{}, {"--help"}, {"vgpu"}, {"vgpu", "stats", "--help"}, {"vgpu", "stats", "0", "--help"}, {"help", "serve"}} {
+		stdout, _, err := runApp(t, args...)
+		if err != nil || !strings.Contains(stdout, "USAGE:") {
+			t.Errorf("%v: err %v, output:\n%s", args, err, stdout)
+		}
+	}
+}
+
+// TestFlagsAfterArguments: `gpuvm vgpu stats 0 --control-socket X` reaches
+// the daemon on X, as the flag-first form does.
+func TestFlagsAfterArguments(t *testing.T) {
+	dir := t.TempDir()
+	ctl := dir + "/ctl.sock"
+	startDaemon(t, daemonConfig(t, dir, dir+"/a.sock", ctl, ""), ctl)
+	for _, args := range [][]string{
+		{"vgpu", "stats", "--control-socket", ctl, "5"},
+		{"vgpu", "stats", "5", "--control-socket", ctl},
+		{"vgpu", "stats", "5", "--control-socket=" + ctl},
+		{"--log-level", "error", "vgpu", "destroy", "5", "--control-socket", ctl},
+	} {
+		stdout, _, err := runApp(t, args...)
+		// No vGPU 5: the daemon answers 404, which proves the flag took.
+		if !strings.Contains(stdout, "no such vGPU") || err == nil || !strings.Contains(err.Error(), "404") {
+			t.Errorf("%v: err %v, output %q; want the daemon's 404", args, err, stdout)
+		}
+		if code := exitCode(context.Background(), err); code != exitFailure {
+			t.Errorf("%v: exit %d, want %d", args, code, exitFailure)
+		}
+	}
+	if _, _, err := runApp(t, "vgpu", "layout", "--control-socket", ctl); err != nil {
+		t.Errorf("layout: %v", err)
+	}
+}
