@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -296,7 +298,8 @@ type VMConfig struct {
 }
 
 // Default returns the built-in configuration: the simulated 6GiB Quadro
-// 6000-like board, eight VM slots, FIFO scheduling and no [[vm]] entries.
+// 6000-like board, sockets in DefaultSocketDir, eight VM slots, FIFO
+// scheduling and no [[vm]] entries.
 func Default() Config {
 	return Config{
 		Board: BoardConfig{
@@ -307,8 +310,8 @@ func Default() Config {
 			Timing:        TimingNone,
 		},
 		Daemon: DaemonConfig{
-			Socket:        "/run/gpuvm/gpuvm.sock",
-			ControlSocket: "/run/gpuvm/control.sock",
+			Socket:        filepath.Join(DefaultSocketDir(), "gpuvm.sock"),
+			ControlSocket: filepath.Join(DefaultSocketDir(), "control.sock"),
 			MaxVMs:        8,
 			LogLevel:      LogInfo,
 		},
@@ -334,6 +337,24 @@ func Default() Config {
 			FreeRunFactor:  5,
 		},
 	}
+}
+
+// DefaultSocketDir is where the daemon's sockets are unless the
+// configuration says otherwise, so that `gpuvm serve`, `gpuvm devmodel` and
+// `gpuvm vgpu` find each other without flags: /run/gpuvm for root (the
+// runtime directory of system daemons; Xen's own use /run/xen); for any
+// other user $XDG_RUNTIME_DIR/gpuvm (the per-user runtime directory, mode
+// 0700, that the login manager provides), or <tmp>/gpuvm-<uid> without one.
+func DefaultSocketDir() string {
+	uid := os.Geteuid()
+	if uid == 0 {
+		return "/run/gpuvm"
+	}
+	// A runtime directory too long for a socket path under it is skipped.
+	if d := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(d) && len(d)+len("/gpuvm/control.sock") <= maxSocketPath {
+		return filepath.Join(d, "gpuvm")
+	}
+	return filepath.Join(os.TempDir(), "gpuvm-"+strconv.Itoa(uid))
 }
 
 // DefaultVM returns the settings of a [[vm]] entry whose keys are all

@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -80,7 +81,23 @@ func TestExampleFile(t *testing.T) {
 			keys = append(keys, tbl.prefix+"."+name)
 		}
 	}
+	// The sockets' defaults depend on the user: the example shows them
+	// commented out, with the rule above them.
+	perUser := map[string]string{"daemon.socket": "# socket = ", "daemon.control_socket": "# control_socket = "}
 	for _, k := range keys {
+		if prefix, ok := perUser[k]; ok {
+			found := false
+			for i, l := range lines {
+				found = found || strings.HasPrefix(l, prefix) && i > 0 && strings.HasPrefix(lines[i-1], "#")
+			}
+			if !found {
+				t.Errorf("example lacks %q with a comment above it", prefix)
+			}
+			if _, ok := c.src.pos[k]; ok {
+				t.Errorf("example sets %s: a non-root user running the README's commands would need /run/gpuvm", k)
+			}
+			continue
+		}
 		p, ok := c.src.pos[k]
 		if !ok {
 			t.Errorf("example lacks key %s", k)
@@ -744,5 +761,26 @@ func TestConfiguredMode(t *testing.T) {
 	c.src = nil // built in code: every entry's mode is set
 	if got := c.ConfiguredMode("x", 5); got != ModeFVOptimized {
 		t.Errorf("ConfiguredMode without a file = %q", got)
+	}
+}
+
+func TestDefaultSocketDir(t *testing.T) {
+	d := DefaultSocketDir()
+	if os.Geteuid() == 0 {
+		if d != "/run/gpuvm" {
+			t.Errorf("root: %s", d)
+		}
+		return
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+	if d := DefaultSocketDir(); d != "/run/user/4242/gpuvm" {
+		t.Errorf("with XDG_RUNTIME_DIR: %s", d)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	if d := DefaultSocketDir(); d != filepath.Join(os.TempDir(), fmt.Sprintf("gpuvm-%d", os.Geteuid())) {
+		t.Errorf("without XDG_RUNTIME_DIR: %s", d)
+	}
+	if c := Default(); filepath.Dir(c.Daemon.Socket) != DefaultSocketDir() || c.Validate() != nil {
+		t.Errorf("Default sockets %s, %s", c.Daemon.Socket, c.Daemon.ControlSocket)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -109,8 +110,8 @@ func runServe(c *cli.Context) error {
 	}
 	defer agg.Close()
 	for _, p := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("socket directory: %w", err)
+		if err := socketDir(filepath.Dir(p)); err != nil {
+			return err
 		}
 	}
 	ln, err := ipc.Listen(cfg.Daemon.Socket, nil)
@@ -187,4 +188,30 @@ func vgpuCommand() *cli.Command {
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
 		},
 	}
+}
+
+// socketDir makes sure dir exists (created mode 0700) and that nobody but
+// this user (or root) can replace what is in it: it must be a directory,
+// not a symbolic link, owned by this user or root, and writable by others
+// only if sticky (as /tmp is). A device model connecting to a socket
+// another user planted would hand that user its guest RAM.
+func socketDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("socket directory %s: not a directory", dir)
+	case !ok:
+	case int(st.Uid) != os.Geteuid() && st.Uid != 0:
+		return fmt.Errorf("socket directory %s: owned by uid %d, not by this user (uid %d) or root; choose another with --socket/--control-socket or daemon.socket", dir, st.Uid, os.Geteuid())
+	case fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0:
+		return fmt.Errorf("socket directory %s: writable by other users (mode %v), who could replace the sockets", dir, fi.Mode().Perm())
+	}
+	return nil
 }

@@ -118,3 +118,41 @@ func TestSecondDaemonSameControlSocket(t *testing.T) {
 		t.Errorf("control socket left after a clean shutdown: %v", err)
 	}
 }
+
+// TestSocketDir: the daemon creates its socket directory private, and
+// refuses one where another user could replace its sockets.
+func TestSocketDir(t *testing.T) {
+	dir := t.TempDir()
+	d := dir + "/run/gpuvm"
+	if err := socketDir(d); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("created %v, %v; want mode 0700", fi.Mode(), err)
+	}
+	open := dir + "/open"
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o777)
+	if err := socketDir(open); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+		t.Errorf("world-writable directory: %v", err)
+	}
+	os.Chmod(open, 0o777|os.ModeSticky)
+	if err := socketDir(open); err != nil {
+		t.Errorf("sticky world-writable directory (like /tmp): %v", err)
+	}
+	link := dir + "/link"
+	os.Symlink(d, link)
+	if err := socketDir(link); err == nil {
+		t.Error("a symbolic link was accepted as the socket directory")
+	}
+	if os.Geteuid() == 0 {
+		other := dir + "/other"
+		os.Mkdir(other, 0o700)
+		os.Chown(other, 4242, 4242)
+		if err := socketDir(other); err == nil || !strings.Contains(err.Error(), "owned by uid 4242") {
+			t.Errorf("directory of another user: %v", err)
+		}
+	}
+}
