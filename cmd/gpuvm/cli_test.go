@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/gpuvm/gpuvm/bench"
 )
 
 // TestUsageErrorsExit2: unknown flags and commands, stray or missing
@@ -90,5 +92,15 @@ func TestFlagsAfterArguments(t *testing.T) {
 	}
 	if _, _, err := runApp(t, "vgpu", "layout", "--control-socket", ctl); err != nil {
 		t.Errorf("layout: %v", err)
+	}
+}
+
+// A failed devmodel run ends with one line naming the first failure.
+func TestFirstFailure(t *testing.T) {
+	err := firstFailure([]bench.Result{{Workload: "nop", Verified: true},
+		{Workload: "mmul", Error: "run 3: memcpy HtoD: device reads all-ones: gone\nclose context: gone (device: ipc: server closed the connection: vGPU 0 destroyed through the control API)"}})
+	want := "some results failed or did not verify; mmul: run 3: memcpy HtoD: device reads all-ones: gone; close context: gone (device: ipc: server closed the connection: vGPU 0 destroyed through the control API)"
+	if err == nil || err.Error() != want {
+		t.Errorf("firstFailure = %v\nwant %s", err, want)
 	}
 }

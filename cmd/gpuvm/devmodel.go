@@ -111,10 +111,22 @@ func runDevmodel(c *cli.Context) error {
 	}
 	for _, r := range results {
 		if !r.Verified {
-			return &exitError{code: exitFailure, err: errors.New("some results failed or did not verify")}
+			return &exitError{code: exitFailure, err: firstFailure(results)}
 		}
 	}
 	return nil
+}
+
+// firstFailure says that results failed, with the first one's error on the
+// same line (with --json the table that shows it is not printed; a VM whose
+// vGPU was destroyed says so here).
+func firstFailure(results []bench.Result) error {
+	for _, r := range results {
+		if r.Error != "" {
+			return fmt.Errorf("some results failed or did not verify; %s: %s", r.Workload, strings.ReplaceAll(r.Error, "\n", "; "))
+		}
+	}
+	return errors.New("some results did not verify")
 }
 
 func writeJSONList(c *cli.Context, results []bench.Result) error {
