@@ -1,5 +1,6 @@
 // Package sched holds the GPU time scheduling policies of the gpuvm
-// aggregator (DESIGN §7) and a discrete-event simulator to study them.
+// aggregator (docs/design.md, "Doorbells and scheduling") and a
+// discrete-event simulator to study them.
 //
 // # Model
 //

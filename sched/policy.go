@@ -140,7 +140,7 @@ type Params struct {
 	// Period is the credit replenish period of credit and band: every
 	// Period each competing VM's credit grows by Period × its share, capped
 	// at that amount. Default 100 ms (the GPUvm prototype used 100 ms–1 s,
-	// DESIGN §7).
+	// as the initial design notes record; see docs/design.md).
 	Period time.Duration
 	// BandWait is BAND's longest wait, after a VM's submission completes,
 	// for that VM's next submission when the next candidate VM has used
