@@ -1,8 +1,8 @@
 // Package ipc is the protocol between a VM's device model (the client) and the
 // GPU Access Aggregator (the server): a handshake on a Unix SOCK_SEQPACKET
 // socket that hands the guest RAM memfd to the aggregator, then 32-bit MMIO
-// reads and posted writes plus a small generic call for para-virtual
-// hypercalls, carried either on shared-memory rings or on the socket itself.
+// reads and writes plus a small generic call (the vGPU's counters, today),
+// carried either on shared-memory rings or on the socket itself.
 //
 // The wire format is specified byte for byte in docs/protocol.md; this
 // package is the reference implementation of both sides.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuvm/gpuvm/bench"
+	"github.com/gpuvm/gpuvm/config"
 )
 
 // TestUsageErrorsExit2: unknown flags and commands, stray or missing
@@ -102,5 +103,22 @@ func TestFirstFailure(t *testing.T) {
 	want := "some results failed or did not verify; mmul: run 3: memcpy HtoD: device reads all-ones: gone; close context: gone (device: ipc: server closed the connection: vGPU 0 destroyed through the control API)"
 	if err == nil || err.Error() != want {
 		t.Errorf("firstFailure = %v\nwant %s", err, want)
+	}
+}
+
+// The title and help describe only what exists: the modes this build
+// serves, no para-virtualization or pvdrm.
+func TestHelpDescribesWhatExists(t *testing.T) {
+	stdout, _, err := runApp(t, "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{"para", "pvdrm", "pv-"} {
+		if strings.Contains(strings.ToLower(stdout), gone) {
+			t.Errorf("help mentions %q:\n%s", gone, stdout)
+		}
+	}
+	if !strings.Contains(stdout, "Modes: "+strings.Join(config.ModeNames(), ", ")+".") {
+		t.Errorf("help does not list the modes served:\n%s", stdout)
 	}
 }

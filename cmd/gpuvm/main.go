@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gpuvm/gpuvm/config"
 	"github.com/urfave/cli/v2"
 )
 
@@ -44,11 +45,13 @@ func usageError(format string, args ...any) error {
 func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "gpuvm",
-		Usage:   "share one NVIDIA Fermi-class GPU among Xen guests (full, para and pvdrm virtualization)",
+		Usage:   "share one NVIDIA Fermi-class GPU among VMs by full virtualization (a GPUvm-style back end for Xen)",
 		Version: version,
 		Description: "gpuvm is a GPU virtualization back end for the Xen hypervisor. A dom0 daemon, the GPU\n" +
-			"Access Aggregator, owns the physical GPU (or the embedded simulated board) and gives each\n" +
-			"guest a virtual GPU with isolation and fair GPU time.\n\n" +
+			"Access Aggregator (gpuvm serve), owns the embedded simulated Fermi board and gives each\n" +
+			"VM a virtual GPU with isolation and fair GPU time; a VM is a device model process (gpuvm\n" +
+			"devmodel) whose guest driver's MMIO traps to the aggregator.\n" +
+			"Modes: " + strings.Join(config.ModeNames(), ", ") + ".\n\n" +
 			"Start here:  gpuvm bench          run the evaluation workloads on the simulated board",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "log level: debug, info, warn, error", EnvVars: []string{"GPUVM_LOG_LEVEL"}},
