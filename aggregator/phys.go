@@ -59,7 +59,7 @@ func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) 
 			return nil, fmt.Errorf("playlist: %w", err)
 		}
 	}
-	g.Write32(nvc0.BAR0, nvc0.RegPMCEnable, 0xFFFFFFFF)
+	g.Write32(nvc0.BAR0, nvc0.RegPMCEnable, nvc0.PMCEnableAll)
 	g.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(p.bar3.ramin, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
 	g.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(p.bar1.ramin, nvc0.BARInstValid))
 	g.Write32(nvc0.BAR0, nvc0.RegPollArea, nvc0.PollAreaEnable|uint32(l.PollArea.Base>>nvc0.PageShift))

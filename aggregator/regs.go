@@ -102,7 +102,7 @@ func newRegTable() regTable {
 		nvc0.RegMemPartCount: {class: regEmulated, read: constant(1)},
 		nvc0.RegMemPartMask:  {class: regEmulated, read: constant(0)},
 		nvc0.RegMemLTCCount:  {class: regEmulated, read: constant(1)},
-		nvc0.MemPartSize(0):  {class: regEmulated, read: func(v *VGPU, _ uint32) uint32 { return uint32(v.Slot.VRAM.Size >> 20) }},
+		nvc0.MemPartSize(0):  {class: regEmulated, read: func(v *VGPU, _ uint32) uint32 { return uint32(v.Slot.VRAM.Size >> nvc0.MemPartSizeShift) }},
 
 		// Flushes complete inside the trap, so the MMU always looks idle and done.
 		nvc0.RegMMUStatus:       {class: regEmulated, read: constant(nvc0.MMUStatusFreeSlots | nvc0.MMUStatusFlushDone)},

@@ -8,7 +8,9 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
-// PCI configuration-space offsets (type 0 header).
+// PCI configuration-space offsets and bits of a type 0 header (PCI Local Bus
+// Specification 3.0, §6.1-6.2). They are the PCI standard's, not the GPU's;
+// the GPU's identity and BARs are in gpu/nvc0.
 const (
 	pciVendorID     = 0x00
 	pciDeviceID     = 0x02
@@ -66,7 +68,7 @@ func NewConfigSpace() *ConfigSpace {
 	le := binary.LittleEndian
 	le.PutUint16(c.regs[pciVendorID:], nvc0.PCIVendorNVIDIA)
 	le.PutUint16(c.regs[pciDeviceID:], nvc0.PCIDeviceQuadro6000)
-	c.regs[pciRevision] = 0xA3
+	c.regs[pciRevision] = nvc0.PCIRevision
 	class := uint32(nvc0.PCIClassDisplayVGA)
 	c.regs[pciClassCode], c.regs[pciClassCode+1], c.regs[pciClassCode+2] = byte(class), byte(class>>8), byte(class>>16)
 	le.PutUint16(c.regs[pciSubVendorID:], nvc0.PCIVendorNVIDIA)

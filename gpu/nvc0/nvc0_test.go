@@ -145,3 +145,25 @@ func TestSemaphoreTrigger(t *testing.T) {
 		t.Fatal("acquire geq")
 	}
 }
+
+// PMC_BOOT_0 decodes as nouveau decodes it, and the board's identity is
+// consistent: a GF100 at stepping A3, the PCI revision the same stepping.
+func TestBoot0Decode(t *testing.T) {
+	if c, r := Boot0Chipset(Boot0Value), Boot0Revision(Boot0Value); c != ChipsetGF100 || r != RevisionA3 || Boot0Value != 0x0C0000A3 {
+		t.Errorf("Boot0Value %#08x decodes to chipset %#x revision %#x", uint32(Boot0Value), c, r)
+	}
+	if PCIRevision != Boot0Revision(Boot0Value) {
+		t.Errorf("PCI revision %#x differs from the chip revision %#x", PCIRevision, Boot0Revision(Boot0Value))
+	}
+	for chipset, fermi := range map[uint32]bool{
+		0x0C0: true, 0x0C1: true, 0x0C3: true, 0x0C4: true, 0x0C8: true, 0x0CE: true, 0x0CF: true, 0x0D7: true, 0x0D9: true, // GF100..GF119
+		0x050: false, 0x0A8: false, 0x0E4: false, 0x0F0: false, 0x108: false, 0x1C0: false, // Tesla, Kepler, Maxwell...
+	} {
+		if IsFermi(chipset) != fermi {
+			t.Errorf("IsFermi(%#x) = %v", chipset, !fermi)
+		}
+	}
+	if Boot0Chipset(0x1C0000A1) != 0x1C0 {
+		t.Errorf("a 9-bit chipset is cut: %#x", Boot0Chipset(0x1C0000A1))
+	}
+}

@@ -5,9 +5,47 @@ const (
 	PCIVendorNVIDIA     = 0x10DE
 	PCIDeviceQuadro6000 = 0x06D8
 	PCIClassDisplayVGA  = 0x030000
-	// Boot0Value is what PMC_BOOT_0 reads on a GF100: chipset 0xC0, revision A3.
-	Boot0Value = 0x0C0000A3
+	// PCIRevision is the board's PCI revision ID (config space offset
+	// 0x08): the chip's stepping, A3, as lspci shows a Quadro 6000
+	// ("GF100GL [Quadro 6000] (rev a3)") and as PMC_BOOT_0 reports it.
+	PCIRevision = RevisionA3
 )
+
+// The modelled chip and PMC_BOOT_0 (RegBoot0), as nouveau decodes it in
+// nvkm_device_ctor (nvkm/engine/device/base.c): chipset = (boot0 &
+// 0x1ff00000) >> 20, chiprev = boot0 & 0xff, and the architecture from
+// chipset & 0x1f0 (0x0c0 and 0x0d0 are NV_C0, Fermi).
+const (
+	Boot0ChipsetShift = 20
+	Boot0ChipsetMask  = 0x1FF // after the shift
+	Boot0RevisionMask = 0xFF
+
+	// ChipsetFamilyMask selects a chipset's family (nouveau: chipset & 0x1f0).
+	ChipsetFamilyMask = 0x1F0
+	// ChipsetFamilyGF100 (GF100..GF116, chipsets 0xc0-0xcf) and
+	// ChipsetFamilyGF119 (GF117, GF119: 0xd7, 0xd9) are the Fermi families.
+	ChipsetFamilyGF100 = 0x0C0
+	ChipsetFamilyGF119 = 0x0D0
+
+	// ChipsetGF100 is the modelled chip (Quadro 6000, GTX 480), stepping
+	// RevisionA3: nouveau reports the board as "NVIDIA GF100 (0c0000a3)".
+	ChipsetGF100 = 0x0C0
+	RevisionA3   = 0xA3
+	// Boot0Value is what PMC_BOOT_0 reads on the modelled board.
+	Boot0Value = ChipsetGF100<<Boot0ChipsetShift | RevisionA3
+)
+
+// Boot0Chipset returns the chipset field of a PMC_BOOT_0 value.
+func Boot0Chipset(boot0 uint32) uint32 { return boot0 >> Boot0ChipsetShift & Boot0ChipsetMask }
+
+// Boot0Revision returns the chip revision (stepping) field of a PMC_BOOT_0 value.
+func Boot0Revision(boot0 uint32) uint32 { return boot0 & Boot0RevisionMask }
+
+// IsFermi reports whether chipset is a Fermi (nouveau's NV_C0 card type).
+func IsFermi(chipset uint32) bool {
+	f := chipset & ChipsetFamilyMask
+	return f == ChipsetFamilyGF100 || f == ChipsetFamilyGF119
+}
 
 // BAR indices and sizes. BAR1 and BAR3 are 64-bit BARs on the real board, so
 // their PCI indices are 1 and 3; the I/O BAR follows them.

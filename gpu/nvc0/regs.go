@@ -5,6 +5,9 @@ const (
 	// PMC
 	RegBoot0     = 0x000000 // PMC_BOOT_0: chipset id, read-only (Boot0Value)
 	RegPMCEnable = 0x000200 // PMC_ENABLE: engine enable mask
+	// PMCEnableAll enables every engine: all bits set, as nouveau's MC
+	// init writes it (nv04_mc_init: "everything enabled").
+	PMCEnableAll = 0xFFFFFFFF
 
 	// PBUS / PRAMIN window and BAR channels
 	RegPRAMINWindow = 0x001700 // PRAMIN window base: VRAM address >> 16
@@ -49,6 +52,9 @@ const (
 	RegMemPartSize0  = 0x11020C // partition 0 size in MiB; partition i at + MemPartStride*i
 	MemPartStride    = 0x1000
 	MaxMemPartitions = 16
+	// MemPartSizeShift: a partition size register counts MiB (nouveau
+	// gf100 RAM: size = rd32(0x11020c + fbp*0x1000) << 20).
+	MemPartSizeShift = 20
 
 	// PFB MMU
 	RegMMUStatus       = 0x100C80 // MMUStatus*: free flush slots / flush done

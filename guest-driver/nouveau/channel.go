@@ -352,7 +352,7 @@ func (c *Channel) Finish() error {
 // channel, returns a FaultError built from the fault report.
 func (c *Channel) checkFault() error {
 	ctl := c.d.rd(nvc0.ChanCtl(c.id))
-	if ctl == 0xFFFFFFFF {
+	if ctl == nvc0.ReadAllOnes {
 		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceGone)
 	}
 	if ctl&nvc0.ChanCtlFaulted == 0 {

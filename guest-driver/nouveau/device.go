@@ -95,10 +95,10 @@ func Open(mmio gpu.MMIO, host HostMemory, opts Options) (*Device, error) {
 	opts.fill()
 	d := &Device{mmio: mmio, host: host, opts: opts, log: opts.Logger}
 	boot0 := mmio.Read32(nvc0.BAR0, nvc0.RegBoot0)
-	if boot0 == 0xFFFFFFFF {
+	if boot0 == nvc0.ReadAllOnes {
 		return nil, fmt.Errorf("open: PMC_BOOT_0: %w", ErrDeviceGone)
 	}
-	if chipset := (boot0 >> 20) & 0x1FF; chipset < 0xC0 || chipset > 0xCF {
+	if chipset := nvc0.Boot0Chipset(boot0); !nvc0.IsFermi(chipset) {
 		return nil, fmt.Errorf("open: chipset %#x (PMC_BOOT_0 %#08x) is not a Fermi: %w", chipset, boot0, ErrNotSupported)
 	}
 	size, err := d.probeVRAM()
@@ -107,7 +107,7 @@ func Open(mmio gpu.MMIO, host HostMemory, opts Options) (*Device, error) {
 	}
 	d.vramSize = size
 	d.vram = rangealloc.New(vramReserved, size-vramReserved)
-	d.wr(nvc0.RegPMCEnable, 0xFFFFFFFF)
+	d.wr(nvc0.RegPMCEnable, nvc0.PMCEnableAll)
 	if err := d.initBARs(); err != nil {
 		return nil, fmt.Errorf("open: %w", err)
 	}
@@ -127,7 +127,7 @@ func (d *Device) probeVRAM() (uint64, error) {
 		if mask&(1<<i) != 0 {
 			continue
 		}
-		total += uint64(d.rd(nvc0.MemPartSize(i))) << 20
+		total += uint64(d.rd(nvc0.MemPartSize(i))) << nvc0.MemPartSizeShift
 	}
 	if total < 16<<20 {
 		return 0, fmt.Errorf("VRAM size %d MiB too small", total>>20)
