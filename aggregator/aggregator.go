@@ -27,6 +27,9 @@ type Options struct {
 	// TrapNs is the hypervisor's share of one trapped guest access in the
 	// timing profile (sim.Timing.TrapNs), passed to device models to charge.
 	TrapNs int64
+	// Timing names the board's timing profile, told to device models
+	// (ipc.ParamTiming) so that what they report names it ("": not told).
+	Timing string
 	// Policy schedules the VMs' submissions (nil: FIFO). The aggregator
 	// owns it from New on.
 	Policy sched.Policy

@@ -98,6 +98,9 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 			ipc.ParamTrapNs:   strconv.FormatInt(a.opts.TrapNs, 10),
 		},
 	}
+	if a.opts.Timing != "" {
+		w.Params[ipc.ParamTiming] = a.opts.Timing
+	}
 	var extra []*os.File
 	if v.remap != nil {
 		// The whole slot's segment: with a VRAM quota the guest's slice is

@@ -28,4 +28,7 @@ const (
 	// ioreq's trip to the device model and back, which a device model
 	// without a hypervisor under it charges itself (0 or absent: none).
 	ParamTrapNs = "trap_ns"
+	// ParamTiming names the board's timing profile ("none", "fermi",
+	// "fermi-xen"), for the device model to report with its results.
+	ParamTiming = "timing"
 )

@@ -114,3 +114,18 @@ func TestDestroyedVGPUNoticedPromptly(t *testing.T) {
 		t.Errorf(`"vGPU detached" logged %d times, want once:\n%s`, n, logText())
 	}
 }
+
+// TestWelcomeDescribesTheVGPU: the Welcome tells the device model what it
+// got — VRAM, channels (the quota, not the slot) and the board's timing
+// profile — so that what the VM reports about its GPU is what it has.
+func TestWelcomeDescribesTheVGPU(t *testing.T) {
+	e := newEnvWith(t, envOptions{
+		Quota:  func(aggregator.Guest) (int, uint64) { return 3, 64 << 20 },
+		Modify: func(o *aggregator.Options) { o.Timing = "fermi-xen" },
+	})
+	d := e.connect(t, "vm", 21, "fv-naive")
+	w := d.Welcome()
+	if w.VRAMSize != 64<<20 || w.Channels != 3 || w.Params[ipc.ParamTiming] != "fermi-xen" {
+		t.Errorf("Welcome = VRAM %d, %d channels, params %v; want 64 MiB, 3 channels, timing fermi-xen", w.VRAMSize, w.Channels, w.Params)
+	}
+}

@@ -94,7 +94,7 @@ func runServe(c *cli.Context) error {
 		return usageError("scheduler: %v", err)
 	}
 	agg, err := aggregator.New(board, aggregator.Options{Partition: cfg.Partition, MaxVMs: cfg.Daemon.MaxVMs, Channels: cfg.Board.Channels, Logger: log,
-		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs, TrapNs: timing.TrapNs,
+		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs, TrapNs: timing.TrapNs, Timing: timing.Name,
 		Policy: policy, Watchdog: cfg.Scheduler.Watchdog.Duration,
 		PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
 		// Per-VM [[vm]] settings, matched by domain name or id.
