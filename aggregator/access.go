@@ -60,5 +60,9 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 	case nvc0.BAR1, nvc0.BAR3:
 		v.apertureWrite(bar, off, val)
 	}
+	// What the write made the shadows retire (a closed channel, a space
+	// whose last channel left, tables a scan unlinked) is freed now, after
+	// the TLB flushes that make that safe.
+	v.reclaim()
 	return nil
 }

@@ -456,6 +456,7 @@ func (v *VGPU) watchdogStop(ch int) {
 	_ = v.stopChannel(ch)
 	v.reportKilled(ch)
 	v.ctr.watchdogStops.Add(1)
+	v.reclaim()
 }
 
 // StartRecording clears and starts the per-submission usage record.
