@@ -9,22 +9,26 @@ import (
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/ipc"
 )
 
 // RunGuest is the VM process of a virtualized benchmark: it connects a
 // device model to the aggregator, opens the guest driver on the virtual GPU
 // and runs the workloads, taking the vGPU's counters from the aggregator
-// around the measured runs.
-func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (results []Result, err error) {
+// around the measured runs. The report's board is the vGPU the aggregator
+// granted (VGPUBoardInfo), once connected.
+func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (rep Report, err error) {
+	rep.Warmup = 1
 	dev, err := devmodel.Connect(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return rep, err
 	}
 	defer func() { err = errors.Join(err, dev.Close()) }()
+	rep.Board = VGPUBoardInfo(dev.Welcome(), cfg.Mode)
 	bar1, bar3 := dev.BARSizes()
 	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
+		return rep, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
 	}
 	defer func() { err = errors.Join(err, drv.Close()) }()
 	names2 := aggregator.CounterNames()
@@ -38,13 +42,24 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 	for _, name := range names {
 		w, err := workloads.New(name, params)
 		if err != nil {
-			return results, err
+			return rep, err
 		}
 		res := RunWorkload(ctx, cfg.Mode, drv, w, runs, counters, progress)
 		if res.Error != "" && dev.Err() != nil {
 			res.Error += fmt.Sprintf(" (device: %v)", dev.Err())
 		}
-		results = append(results, res)
+		rep.Results = append(rep.Results, res)
 	}
-	return results, nil
+	return rep, nil
+}
+
+// VGPUBoardInfo describes the virtual GPU a Welcome grants: its VRAM and
+// channels (the VM's quota) and the board's timing profile, if the
+// aggregator named it.
+func VGPUBoardInfo(w ipc.Welcome, mode string) BoardInfo {
+	timing := w.Params[ipc.ParamTiming]
+	if timing == "" {
+		timing = "not reported"
+	}
+	return BoardInfo{Name: "virtual GPU", Kind: "vgpu " + mode, VRAMBytes: w.VRAMSize, Channels: int(w.Channels), Timing: timing}
 }

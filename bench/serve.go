@@ -41,7 +41,7 @@ func serveBoard(ctx context.Context, bc sim.Config, opts aggregator.Options, lis
 	if s.board, err = sim.New(bc); err != nil {
 		return s, err
 	}
-	opts.Channels, opts.BusReadNs, opts.BusWriteNs, opts.TrapNs = bc.Channels, bc.Timing.MMIOReadNs, bc.Timing.MMIOWriteNs, bc.Timing.TrapNs
+	opts.Channels, opts.BusReadNs, opts.BusWriteNs, opts.TrapNs, opts.Timing = bc.Channels, bc.Timing.MMIOReadNs, bc.Timing.MMIOWriteNs, bc.Timing.TrapNs, bc.Timing.Name
 	if s.agg, err = aggregator.New(s.board, opts); err != nil {
 		return s, err
 	}

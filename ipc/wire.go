@@ -94,9 +94,9 @@ type Hello struct {
 	DomID uint32
 	// Name is the domain name: 1..MaxNameLen printable ASCII bytes, no '/'.
 	Name string
-	// Mode is the virtualization mode, e.g. "fv-naive", "fv-optimized",
-	// "pv-multicall": 1..MaxModeLen bytes of [a-z0-9._-]. The package checks
-	// only length and charset; the aggregator checks the value.
+	// Mode is the virtualization mode, e.g. "fv-naive" or "fv-optimized":
+	// 1..MaxModeLen bytes of [a-z0-9._-]. The package checks only length
+	// and charset; the aggregator checks the value.
 	Mode string
 	// RAMSize is the guest RAM size in bytes: a multiple of RAMPageSize in
 	// MinRAMSize..MaxRAMSize. The RAM memfd must be at least this large.

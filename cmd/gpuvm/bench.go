@@ -267,7 +267,7 @@ func (p *progress) update(mode, workload string, run, runs int) {
 		return
 	}
 	if key := mode + " " + workload; key != p.last {
-		fmt.Fprintf(p.w, "bench: %s %s (1 warm-up + %d runs)\n", mode, workload, runs)
+		fmt.Fprintf(p.w, "bench: %s %s (1 warm-up run + %s)\n", mode, workload, countOf(runs, "measured run"))
 		p.last = key
 	}
 }
@@ -276,4 +276,12 @@ func (p *progress) done() {
 	if p.tty {
 		fmt.Fprint(p.w, "\r\033[K")
 	}
+}
+
+// countOf is "1 measured run", "3 measured runs".
+func countOf(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

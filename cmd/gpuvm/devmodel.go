@@ -91,7 +91,8 @@ func runDevmodel(c *cli.Context) error {
 	}
 	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
 	progress := newProgress(c.App.ErrWriter)
-	results, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)
+	rep, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)
+	results := rep.Results
 	progress.done()
 	err = noDaemonHint(err, "gpuvm serve", "--socket")
 	if c.Bool("json") {
@@ -102,7 +103,7 @@ func runDevmodel(c *cli.Context) error {
 			return jerr
 		}
 	} else if len(results) > 0 {
-		if terr := bench.WriteTable(c.App.Writer, bench.Report{Board: bench.BoardInfo{Name: "virtual GPU", Kind: "vgpu " + cfg.Mode}, Warmup: 1, Results: results}); terr != nil {
+		if terr := bench.WriteTable(c.App.Writer, rep); terr != nil {
 			return terr
 		}
 	}

@@ -156,3 +156,26 @@ func TestSocketDir(t *testing.T) {
 		}
 	}
 }
+
+// TestDevmodelHeader: a VM process's table names the vGPU it got (VRAM,
+// channels, the board's timing profile), and its progress line counts
+// runs in English.
+func TestDevmodelHeader(t *testing.T) {
+	dir := t.TempDir()
+	ctl := dir + "/ctl.sock"
+	startDaemon(t, daemonConfig(t, dir, dir+"/a.sock", ctl, "[[vm]]\nname = \"g\"\nchannels = 5\n"), ctl)
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", dir + "/a.sock", "--name", "g", "--domid", "3",
+		"--ram", "64MiB", "--workloads", "nop", "--runs", "1"})
+	var stderr bytes.Buffer
+	vm.Stderr = &stderr
+	out, err := vm.Output()
+	if err != nil {
+		t.Fatalf("devmodel: %v\n%s%s", err, out, stderr.String())
+	}
+	if want := "board: virtual GPU (vgpu fv-optimized), 256 MiB VRAM, 5 channels, timing none\n"; !strings.HasPrefix(string(out), want) {
+		t.Errorf("header:\n%s\nwant it to start with %q", out, want)
+	}
+	if want := "(1 warm-up run + 1 measured run)"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("progress %q lacks %q", stderr.String(), want)
+	}
+}

@@ -135,7 +135,7 @@ func (b *Board) buildRegs() regTable {
 		nvc0.RegFECSStatus: {read: r.fecsStatus.Load},
 		nvc0.RegFECSClear:  {read: func() uint32 { return 0 }, write: func(v uint32) { r.fecsStatus.And(^v) }},
 	}
-	size := uint32(b.cfg.VRAMSize / uint64(b.cfg.MemPartitions) / mib)
+	size := uint32(b.cfg.VRAMSize / uint64(b.cfg.MemPartitions) >> nvc0.MemPartSizeShift)
 	for i := range nvc0.MaxMemPartitions {
 		if i < b.cfg.MemPartitions {
 			t[nvc0.MemPartSize(i)] = constant(size)
