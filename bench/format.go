@@ -169,8 +169,14 @@ func WriteSummary(w io.Writer, r Report) {
 	}
 	for _, m := range order {
 		a := by[m]
-		fmt.Fprintf(w, "summary: %s runs %.2f× native (geometric mean of %d workloads; %.2f–%.2f×)", m, math.Exp(a.logSum/float64(a.n)), a.n, a.lo, a.hi)
-		if a.pubN > 0 {
+		fmt.Fprintf(w, "summary: %s runs %.2f× native", m, math.Exp(a.logSum/float64(a.n)))
+		if a.n > 1 {
+			fmt.Fprintf(w, " (geometric mean of %d workloads, %.2f–%.2f×)", a.n, a.lo, a.hi)
+		}
+		switch {
+		case a.pubN == 1 && a.n == 1:
+			fmt.Fprintf(w, "; GPUvm reported %.3g×", a.pubLo)
+		case a.pubN > 0:
 			fmt.Fprintf(w, "; GPUvm reported %.3g–%.3g× for the %d of them it published", a.pubLo, a.pubHi, a.pubN)
 		}
 		fmt.Fprintf(w, "; timing %s\n", r.Board.Timing)
