@@ -70,6 +70,8 @@ type Aggregator struct {
 	regs         regTable
 	opts         Options
 	disp         *dispatcher
+	faults       *physFaults
+	fecs         map[uint32]fecsClass // FECS command table (context.go)
 	stop         context.CancelFunc
 	stopped      chan struct{}
 
@@ -109,6 +111,8 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
 		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{},
 		stopped: make(chan struct{})}
+	a.faults = newPhysFaults(g, opts.Logger)
+	a.fecs = fecsCommands()
 	a.disp = newDispatcher(a, opts.Policy, opts.Watchdog)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.stop = cancel

@@ -24,10 +24,26 @@ func newBARShadow(v *VGPU, bar int, phys *physBAR, slice Region) *barShadow {
 		sp: v.shadows.NewBARSpace(dst, int(slice.Size/nvc0.PageSize))}
 }
 
-// setInst handles a guest write of its BAR instance register.
+// setInst handles a guest write of its BAR instance register. Only the
+// page-table mode (MODE set, instance block in VRAM) maps anything: the
+// "VRAM direct" mode (MODE clear) would expose all of VRAM at the BAR's
+// offsets, so for a guest it means the aperture is off.
 func (b *barShadow) setInst(val uint32) {
-	b.sp.SetInstance(val&nvc0.BARInstValid != 0, nvc0.InstDecode(val))
+	valid := val&nvc0.BARInstModeVM != 0 && nvc0.InstTarget(val) == nvc0.MemTargetVRAM
+	if !valid && val != 0 {
+		b.v.gripeLog("BAR instance refused: direct mode or not in VRAM", "bar", b.bar, "value", val)
+	}
+	b.sp.SetInstance(valid, nvc0.InstDecode(val))
+	b.v.agg.faults.bindBAR(b.index(), b.v, b.slice.Base, b.slice.Size, val)
 	b.rebuild()
+}
+
+// index is 0 for BAR1 and 1 for BAR3.
+func (b *barShadow) index() int {
+	if b.bar == nvc0.BAR1 {
+		return 0
+	}
+	return 1
 }
 
 // rebuild re-reads the guest's BAR address space, rewrites the changed

@@ -70,15 +70,15 @@ func chanTableRead(v *VGPU, off uint32) uint32 {
 	if word == 0 {
 		return c.inst
 	}
-	val := c.ctl &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
-	if c.killed {
-		return val | nvc0.ChanCtlFaulted
-	}
+	// PENDING comes from the physical channel while it runs (work the
+	// guest submitted and the GPU has not finished); a channel that is
+	// not running has none the GPU will do.
+	val := c.ctl &^ nvc0.ChanCtlPending
 	if !c.running {
 		return val
 	}
 	status := v.agg.gpu.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))))
-	return val | status&(nvc0.ChanCtlBusy|nvc0.ChanCtlFaulted)
+	return val | status&nvc0.ChanCtlPending
 }
 
 func chanTableWrite(v *VGPU, off, val uint32) {
@@ -116,12 +116,21 @@ func (v *VGPU) setChannelInst(i int, val uint32) error {
 	if val == c.inst && c.sh != nil {
 		return nil
 	}
+	if val&nvc0.ChanInstValid != 0 && nvc0.InstTarget(val) != nvc0.MemTargetVRAM {
+		// As the board does: INVALID_TARGET, and the word is not taken.
+		v.verr.ChanTableError(nvc0.ChanTableErrInvalidTarget)
+		return fmt.Errorf("instance of channel %d outside VRAM (%#x)", i, val)
+	}
 	p := v.phys(i)
 	if c.sh != nil {
 		if err := v.unmapPollPage(i); err != nil {
 			return err
 		}
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
+		// The channel is stopped: deliver what it reported before the
+		// route goes.
+		v.agg.faults.collect()
+		v.agg.faults.unbind(p)
 		err := c.sh.Close()
 		c.sh = nil
 		if err != nil {
@@ -138,7 +147,8 @@ func (v *VGPU) setChannelInst(i int, val uint32) error {
 		return err
 	}
 	c.sh = sh
-	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), nvc0.InstEncode(sh.ShadowRAMIN(), nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+	v.agg.faults.bind(p, sh.ShadowRAMIN(), v, i, val)
+	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), nvc0.InstEncode(sh.ShadowRAMIN(), nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 	return nil
 }
 
@@ -183,6 +193,7 @@ func (v *VGPU) startChannel(i int) {
 	if err := v.agg.gpu.WriteVRAM(zero[:], c.sh.ShadowUserArea()+nvc0.UserGPPut); err != nil {
 		v.log.Error("reset shadow GP_PUT", "channel", i, "err", err)
 	}
+	v.agg.faults.started(v.phys(i))
 	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))), nvc0.ChanCtlDefault)
 	c.running = true
 	v.syncPlaylist()
@@ -221,7 +232,13 @@ func (v *VGPU) submitPlaylist(val uint32) {
 		v.deny("write", nvc0.BAR0, nvc0.RegPlaylistSubmit, val)
 		return
 	}
-	addr := uint64(v.emu[nvc0.RegPlaylistAddr]) << nvc0.PageShift
+	addr, target := nvc0.PlaylistAddrDecode(v.emu[nvc0.RegPlaylistAddr])
+	if target != nvc0.MemTargetVRAM {
+		// As the board does: a scheduler error, and nothing changes.
+		v.verr.SchedError(nvc0.SchedErrorInvalidTarget)
+		v.deny("write", nvc0.BAR0, nvc0.RegPlaylistSubmit, val)
+		return
+	}
 	listed := make([]bool, len(v.chans))
 	for k := range count {
 		id, ok := v.guestVRAMRead32(addr + uint64(k)*nvc0.PlaylistEntrySize)
@@ -269,31 +286,43 @@ func preemptWrite(v *VGPU, off, val uint32) {
 	v.emu[off] = val
 }
 
-// tlbFlush handles a guest TLB flush of the address space whose page
-// directory the guest wrote to RegTLBFlushPD.
+// tlbFlush handles a guest TLB flush (gf100_vmm_invalidate): of the
+// address space whose page directory the guest wrote to RegTLBFlushPD, or
+// with ALL_PDB of every one; HUB_ONLY limits it to the BAR (hub) address
+// spaces, otherwise channel and BAR spaces alike are flushed. A page
+// directory outside VRAM names nothing the guest can have: ignored.
 func (v *VGPU) tlbFlush(trigger uint32) {
 	if trigger&nvc0.TLBFlushTrigger == 0 {
 		return
 	}
 	v.ctr.tlbFlushes.Add(1)
-	pd := uint64(v.emu[nvc0.RegTLBFlushPD]) << nvc0.TLBFlushPDShift
-	if trigger&nvc0.TLBFlushTypeBARVM != 0 {
-		for _, b := range v.bars {
-			if b.sp.GuestPD() == pd {
-				b.rebuild()
-			}
+	pd, target := nvc0.TLBFlushPDDecode(v.emu[nvc0.RegTLBFlushPD])
+	all := trigger&nvc0.TLBFlushAllPDB != 0
+	if target != nvc0.MemTargetVRAM && !all {
+		v.gripeLog("TLB flush of a page directory outside VRAM ignored", "value", v.emu[nvc0.RegTLBFlushPD])
+		return
+	}
+	for _, b := range v.bars {
+		if all || b.sp.GuestPD() == pd {
+			b.rebuild()
 		}
+	}
+	if trigger&nvc0.TLBFlushHubOnly != 0 {
 		return
 	}
-	space, ok := v.shadows.Space(pd)
-	if !ok {
-		return // no channel uses that page directory yet; it is scanned when one does
+	var spaces []*shadow.Space
+	if all {
+		spaces = v.shadows.Spaces()
+	} else if space, ok := v.shadows.Space(pd); ok {
+		spaces = append(spaces, space)
+	} // else no channel uses that page directory yet; it is scanned when one does
+	for _, space := range spaces {
+		if v.feat.Lazy {
+			v.stale[space] = true // GPUvm's lazy shadowing: scan at the next activation
+			continue
+		}
+		v.syncSpace(space)
 	}
-	if v.feat.Lazy {
-		v.stale[space] = true // GPUvm's lazy shadowing: scan at the next activation
-		return
-	}
-	v.syncSpace(space)
 }
 
 // syncSpace brings a shadow space up to date and flushes the physical TLB if

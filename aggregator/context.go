@@ -5,69 +5,98 @@ import (
 	"github.com/gpuvm/gpuvm/internal/ratelog"
 )
 
-// fecsCommand runs a guest FECS command on the board with the instance
-// translated to the shadow.
+// Engine contexts and the registers that carry physical addresses outside
+// the page tables (FECS commands, CHAN_ADDR, the copy engines' CHANNEL_CUR):
+// a guest's value names its own VRAM (or RAM), so each is translated to the
+// shadow it stands for, emulated per VM, or denied — never passed on. The
+// copy engines and GR find their contexts through the engine context
+// pointers of the channel's RAMIN, which the shadow RAMIN confines
+// (shadow.RAMINFields).
+
+// fecsClass says how the aggregator handles one FECS command.
+type fecsClass int
+
+const (
+	fecsDenied     fecsClass = iota // dropped and counted; FECS never sees it
+	fecsTranslated                  // the data is a guest instance: run on the board with the shadow's
+	fecsQuery                       // a size query: the board's answer is returned
+	fecsEmulated                    // completes in the trap with no effect on the board
+)
+
+// fecsCommands is the FECS command table (anything not listed is denied).
+// Commands whose data is an instance address run only with the instance of
+// one of the guest's own channels, translated to its shadow. Stopping or
+// starting context switching and halting FECS act for every VM: denied.
+// The register-list commands take an instance or VA in RegFECSReglistData
+// that nouveau uses only with NVIDIA's firmware: denied. Saving the current
+// context and setting FECS's watchdog concern the aggregator's own
+// scheduling: they complete without reaching the board.
+func fecsCommands() map[uint32]fecsClass {
+	return map[uint32]fecsClass{
+		nvc0.FECSCmdSetChan:       fecsTranslated,
+		nvc0.FECSCmdBindPointer:   fecsTranslated,
+		nvc0.FECSCmdWFIGoldenSave: fecsTranslated,
+		nvc0.FECSCmdImageSize:     fecsQuery,
+		nvc0.FECSCmdZcullSize:     fecsQuery,
+		nvc0.FECSCmdPMSize:        fecsQuery,
+		nvc0.FECSCmdReglistSize:   fecsQuery,
+		nvc0.FECSCmdSave:          fecsEmulated,
+		nvc0.FECSCmdWatchdog:      fecsEmulated,
+	}
+}
+
+// fecsCommand runs a guest FECS command (see fecsCommands).
 func (v *VGPU) fecsCommand(cmd uint32) {
 	data := v.emu[nvc0.RegFECSData]
-	i, ok := v.channelByInst(data)
-	if cmd != nvc0.FECSCmdBindPointer || data&nvc0.FECSBindValid == 0 || !ok {
+	switch v.agg.fecs[cmd] {
+	case fecsTranslated:
+		i, ok := v.channelByInst(data)
+		if data&nvc0.FECSBindValid == 0 || nvc0.InstTarget(data) != nvc0.MemTargetVRAM || !ok {
+			v.deny("FECS command", nvc0.BAR0, nvc0.RegFECSCmd, cmd)
+			v.gripeLog("FECS command with an instance that is not one of the VM's channels refused", "cmd", cmd, "data", data)
+			return
+		}
+		if err := v.activate(i); err != nil {
+			v.deny("FECS command", nvc0.BAR0, nvc0.RegFECSCmd, data)
+			return
+		}
+		if err := v.agg.phys.fecsCommand(cmd, nvc0.InstEncode(v.chans[i].sh.ShadowRAMIN(), nvc0.FECSBindValid)); err != nil {
+			v.log.Error("FECS command", "cmd", cmd, "err", err)
+			return
+		}
+		v.emu[nvc0.RegFECSStatus] |= nvc0.FECSDone
+	case fecsQuery:
+		size, err := v.agg.phys.fecsQuery(cmd)
+		if err != nil {
+			v.log.Error("FECS query", "cmd", cmd, "err", err)
+			return
+		}
+		v.emu[nvc0.RegFECSStatus] = size
+	case fecsEmulated:
+		v.emu[nvc0.RegFECSStatus] |= nvc0.FECSDone
+	default:
 		v.deny("FECS command", nvc0.BAR0, nvc0.RegFECSCmd, cmd)
-		return
 	}
-	if err := v.activate(i); err != nil {
-		v.deny("FECS bind", nvc0.BAR0, nvc0.RegFECSCmd, data)
-		return
-	}
-	if err := v.agg.phys.fecsBind(v.chans[i].sh.ShadowRAMIN()); err != nil {
-		v.log.Error("FECS bind", "err", err)
-		return
-	}
-	v.emu[nvc0.RegFECSStatus] |= nvc0.FECSDone
 }
 
-// copyBind binds a copy engine to a guest channel's (shadow) instance.
-func (v *VGPU) copyBind(reg, val uint32) {
-	i, ok := v.channelByInst(val)
-	if val&nvc0.CopyInstValid == 0 || !ok || v.activate(i) != nil {
-		v.deny("copy-engine bind", nvc0.BAR0, uint64(reg), val)
-		return
+// ownInstRead translates a register that names the channel an engine has
+// loaded (FECS CHAN_ADDR, a copy engine's CHANNEL_CUR): if it is one of the
+// guest's channels the guest reads its own instance word with the valid
+// bit; any other channel reads as none.
+func ownInstRead(valid uint32) func(v *VGPU, off uint32) uint32 {
+	return func(v *VGPU, off uint32) uint32 {
+		val := v.agg.gpu.Read32(nvc0.BAR0, uint64(off))
+		if val&valid == 0 || nvc0.InstTarget(val) != nvc0.MemTargetVRAM {
+			return 0
+		}
+		shadow := nvc0.InstDecode(val)
+		for i := range v.chans {
+			if c := &v.chans[i]; c.sh != nil && c.sh.ShadowRAMIN() == shadow {
+				return nvc0.InstEncode(c.sh.GuestRAMIN(), valid)
+			}
+		}
+		return 0
 	}
-	v.agg.gpu.Write32(nvc0.BAR0, uint64(reg), nvc0.InstEncode(v.chans[i].sh.ShadowRAMIN(), nvc0.CopyInstValid))
-}
-
-// refreshFault reads the board's fault report and, if it names one of this
-// VM's channels, keeps a translated copy (guest instance, guest channel id).
-func (v *VGPU) refreshFault() {
-	g := v.agg.gpu
-	status := g.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
-	inst := g.Read32(nvc0.BAR0, nvc0.RegFaultInst)
-	p := int((status >> nvc0.FaultChanShift) & nvc0.FaultChanMask)
-	if inst&nvc0.FaultValid == 0 || p < v.Slot.ChanBase || p >= v.Slot.ChanBase+v.Slot.Chans {
-		return
-	}
-	i := p - v.Slot.ChanBase
-	if c := &v.chans[i]; c.sh == nil || nvc0.InstDecode(inst) != c.sh.ShadowRAMIN() {
-		return // a report about an earlier instance of the physical channel
-	}
-	v.fault = [4]uint32{
-		nvc0.FaultValid | v.chans[i].inst&nvc0.ChanInstMask,
-		g.Read32(nvc0.BAR0, nvc0.RegFaultAddrLo),
-		g.Read32(nvc0.BAR0, nvc0.RegFaultAddrHi),
-		status&^(nvc0.FaultChanMask<<nvc0.FaultChanShift) | uint32(i)<<nvc0.FaultChanShift,
-	}
-	v.intr |= nvc0.PFIFOIntrMMUFault
-}
-
-// reportKilled makes guest channel i's stop by the aggregator visible to
-// the guest as a fault of its own (reason FaultReasonKilled).
-func (v *VGPU) reportKilled(i int) {
-	c := &v.chans[i]
-	c.killed = true
-	c.enabled = false
-	c.ctl &^= nvc0.ChanCtlEnable
-	v.fault = [4]uint32{nvc0.FaultValid | c.inst&nvc0.ChanInstMask, 0, 0,
-		nvc0.FaultReasonKilled | uint32(i)<<nvc0.FaultChanShift}
-	v.intr |= nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr
 }
 
 // briefErr shortens a guest-caused error for a log line.

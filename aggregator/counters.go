@@ -27,6 +27,8 @@ type Counters struct {
 	WatchdogStops         uint64 // channels the watchdog stopped
 	WedgedChannels        uint64 // channels whose stop never completed (out of service)
 	LogSuppressed         uint64 // guest-caused log lines held back by the rate limit
+	ErrorReports          uint64 // MMU fault records and PBDMA errors delivered to the guest (faults.go)
+	ReportsDropped        uint64 // of those, dropped on a full virtual queue
 }
 
 // Map returns the counters under their report names.
@@ -40,6 +42,7 @@ func (c Counters) Map() map[string]uint64 {
 		"shadow_ns": c.ShadowNs, "doorbells": c.Doorbells, "polled_doorbells": c.PolledDoorbells,
 		"remapped_pages": c.RemappedPages, "tracked_pages": c.TrackedPages, "scan_errors": c.ScanErrors,
 		"watchdog_stops": c.WatchdogStops, "wedged_channels": c.WedgedChannels, "log_suppressed": c.LogSuppressed,
+		"error_reports": c.ErrorReports, "reports_dropped": c.ReportsDropped,
 	}
 }
 
@@ -70,7 +73,8 @@ func Report(flat map[string]uint64) map[string]any {
 func CounterNames() []string {
 	return []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes",
 		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells",
-		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed"}
+		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed",
+		"error_reports", "reports_dropped"}
 }
 
 // counters is the live, atomically updated form.
@@ -83,6 +87,8 @@ type counters struct {
 	scanErrors      atomic.Uint64
 	watchdogStops   atomic.Uint64
 	wedged          atomic.Uint64
+	faultReports    atomic.Uint64
+	reportsDropped  atomic.Uint64
 }
 
 func (v *VGPU) snapshot() Counters {
@@ -115,5 +121,7 @@ func (v *VGPU) snapshot() Counters {
 		WatchdogStops:    c.watchdogStops.Load(),
 		WedgedChannels:   c.wedged.Load(),
 		LogSuppressed:    v.gripe.Suppressed(),
+		ErrorReports:     c.faultReports.Load(),
+		ReportsDropped:   c.reportsDropped.Load(),
 	}
 }

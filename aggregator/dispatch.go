@@ -132,6 +132,9 @@ func (d *dispatcher) removeVM(v *VGPU) {
 func (d *dispatcher) dropVM(v *VGPU) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if len(d.inflight) > 0 {
+		d.a.faults.collect() // errors end submissions (completed)
+	}
 	keep := d.inflight[:0]
 	for _, s := range d.inflight {
 		if s.v != v {
@@ -355,6 +358,9 @@ func (d *dispatcher) reap() {
 			onGR = int(st & nvc0.EngineStatusChanMask)
 		}
 	}
+	if len(d.inflight) > 0 {
+		d.a.faults.collect() // errors end submissions (completed)
+	}
 	keep := d.inflight[:0]
 	for _, s := range d.inflight {
 		done, err := d.completed(s)
@@ -398,8 +404,9 @@ func (d *dispatcher) reap() {
 
 // completed reports whether a released submission is over: GP_GET (which
 // the GPU advances after each entry's work) reached its put, or the channel
-// will never get there (stopped by the aggregator, or faulted). Everything
-// it reads only the GPU or the aggregator writes.
+// will never get there (stopped by the aggregator, or stopped on an error
+// the board reported). Everything it reads only the GPU or the aggregator
+// writes.
 func (d *dispatcher) completed(s *submission) (bool, error) {
 	if s.void {
 		return true, errors.New("channel stopped")
@@ -416,8 +423,8 @@ func (d *dispatcher) completed(s *submission) (bool, error) {
 	if dist(s.start, get) >= dist(s.start, s.put) {
 		return true, nil
 	}
-	if ctl := d.a.gpu.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(s.phys))); ctl&nvc0.ChanCtlFaulted != 0 {
-		return true, fmt.Errorf("channel %d faulted", s.phys)
+	if d.a.faults.errored(s.phys) {
+		return true, fmt.Errorf("channel %d stopped on an error", s.phys)
 	}
 	return false, nil
 }

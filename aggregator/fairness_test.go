@@ -162,7 +162,7 @@ func runDispatcher(t *testing.T, policy string, vms []*loadVM, horizon time.Dura
 	}
 	clock := &sched.ManualClock{}
 	g := &fakeGPU{clock: clock, cost: map[int]time.Duration{}, chans: map[int]*fakeChannel{}}
-	a := &Aggregator{gpu: g, log: slog.New(slog.DiscardHandler),
+	a := &Aggregator{gpu: g, log: slog.New(slog.DiscardHandler), faults: newPhysFaults(g, slog.New(slog.DiscardHandler)),
 		phys: &physical{gpu: g, layout: Layout{PollArea: Region{0, nvc0.MaxChannels * nvc0.UserAreaSize}}}}
 	d := newDispatcher(a, p, 0)
 	d.clock = clock

@@ -60,8 +60,8 @@ func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) 
 		}
 	}
 	g.Write32(nvc0.BAR0, nvc0.RegPMCEnable, nvc0.PMCEnableAll)
-	g.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(p.bar3.ramin, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
-	g.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(p.bar1.ramin, nvc0.BARInstValid))
+	g.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(p.bar3.ramin, nvc0.BARInstModeVM))
+	g.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(p.bar1.ramin, nvc0.BARInstModeVM))
 	g.Write32(nvc0.BAR0, nvc0.RegPollArea, nvc0.PollAreaEnable|uint32(l.PollArea.Base>>nvc0.PageShift))
 	if err := p.flush(p.bar3.pd, true); err != nil {
 		return nil, err
@@ -185,11 +185,19 @@ func (p *physical) setActive(chans map[int]bool) error {
 	return hwseq.SubmitPlaylist(p.gpu, pl, len(ids), p.timeout)
 }
 
-// fecsBind binds a (shadow) instance block's context.
-func (p *physical) fecsBind(ramin uint64) error {
+// fecsCommand runs a FECS command whose data the aggregator built (a shadow
+// instance word).
+func (p *physical) fecsCommand(cmd, data uint32) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return hwseq.FECSBind(p.gpu, ramin, p.timeout)
+	return hwseq.FECSCommand(p.gpu, cmd, data, p.timeout)
+}
+
+// fecsQuery runs a FECS size query.
+func (p *physical) fecsQuery(cmd uint32) (uint32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return hwseq.FECSQuery(p.gpu, cmd, p.timeout)
 }
 
 // stop stops physical channels the way nouveau's gf100 code does — clear

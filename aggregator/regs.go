@@ -3,6 +3,7 @@ package aggregator
 import (
 	"sort"
 
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -65,14 +66,10 @@ func newRegTable() regTable {
 		nvc0.RegBoot0:     {class: regEmulated, read: constant(nvc0.Boot0Value)},
 		nvc0.RegPMCEnable: emulated, // a VM must not switch engines off for everyone
 
-		nvc0.RegPRAMINWindow: {class: regEmulated, read: emuRead, write: func(v *VGPU, off, val uint32) {
-			v.emu[off] = val
-			v.window = uint64(val) << nvc0.PRAMINWindowShift
-		}},
-		nvc0.RegBAR1Inst: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[0].setInst(val) }},
-		nvc0.RegBAR3Inst: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[1].setInst(val) }},
+		nvc0.RegPRAMINWindow: {class: regEmulated, read: emuRead, write: praminWindowWrite},
+		nvc0.RegBAR1Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[0].setInst(val) }},
+		nvc0.RegBAR3Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[1].setInst(val) }},
 
-		nvc0.RegPFIFOIntr: {class: regEmulated, read: func(v *VGPU, _ uint32) uint32 { return v.intr }, write: func(v *VGPU, _, val uint32) { v.intr &^= val }},
 		nvc0.RegPollArea: {class: regEmulated, read: emuRead, write: func(v *VGPU, off, val uint32) {
 			v.emu[off] = val
 			v.pollOn = val&nvc0.PollAreaEnable != 0
@@ -87,43 +84,56 @@ func newRegTable() regTable {
 		nvc0.RegEngineStatus(nvc0.EngineCE0): {class: regTranslated, read: engineStatusRead},
 		nvc0.RegEngineStatus(nvc0.EngineCE1): {class: regTranslated, read: engineStatusRead},
 
-		nvc0.RegFaultInst:   {class: regTranslated, read: faultRead},
-		nvc0.RegFaultAddrLo: {class: regTranslated, read: faultRead},
-		nvc0.RegFaultAddrHi: {class: regTranslated, read: faultRead},
-		nvc0.RegFaultStatus: {class: regTranslated, read: faultRead},
-
 		nvc0.RegFlush: {class: regPassthrough, read: constant(0), write: func(v *VGPU, _, val uint32) {
 			v.agg.gpu.Write32(nvc0.BAR0, nvc0.RegFlush, val&nvc0.FlushTrigger)
 		}},
 		nvc0.RegTimerLow:  {class: regPassthrough, read: physRead},
 		nvc0.RegTimerHigh: {class: regPassthrough, read: physRead},
 
-		// The guest sees one memory partition holding its whole slice.
-		nvc0.RegMemPartCount: {class: regEmulated, read: constant(1)},
-		nvc0.RegMemPartMask:  {class: regEmulated, read: constant(0)},
-		nvc0.RegMemLTCCount:  {class: regEmulated, read: constant(1)},
-		nvc0.MemPartSize(0):  {class: regEmulated, read: func(v *VGPU, _ uint32) uint32 { return uint32(v.Slot.VRAM.Size >> nvc0.MemPartSizeShift) }},
+		// The guest sees one memory partition holding its whole slice, by
+		// the current registers and by the ones older nouveau read.
+		nvc0.RegMemPartCount:    {class: regEmulated, read: constant(1)},
+		nvc0.RegMemPartMask:     {class: regEmulated, read: constant(0)},
+		nvc0.RegMemLTCCount:     {class: regEmulated, read: constant(1)},
+		nvc0.MemPartSize(0):     {class: regEmulated, read: sliceMiB},
+		nvc0.RegVRAMPartSizeOld: {class: regEmulated, read: sliceMiB},
+
+		// Physical addresses outside the page tables: per-VM storage that
+		// never reaches the board (the host page FB flushes, the GPC MMU
+		// debug buffers).
+		nvc0.RegSysmemFlushPage: emulated,
+		nvc0.RegGPCMMUDebugWr:   emulated,
+		nvc0.RegGPCMMUDebugRd:   emulated,
 
 		// Flushes complete inside the trap, so the MMU always looks idle and done.
 		nvc0.RegMMUStatus:       {class: regEmulated, read: constant(nvc0.MMUStatusFreeSlots | nvc0.MMUStatusFlushDone)},
 		nvc0.RegTLBFlushPD:      emulated,
 		nvc0.RegTLBFlushTrigger: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.tlbFlush(val) }},
 
-		nvc0.RegCopy0InstLo: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.copyBind(nvc0.RegCopy0InstLo, val) }},
-		nvc0.RegCopy0InstHi: emulated,
-		nvc0.RegCopy1InstLo: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.copyBind(nvc0.RegCopy1InstLo, val) }},
-		nvc0.RegCopy1InstHi: emulated,
-
-		nvc0.RegPGRAPHStatus: {class: regPassthrough, read: physRead},
-		nvc0.RegFECSData:     emulated,
-		nvc0.RegFECSCmd:      {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.fecsCommand(val) }},
-		nvc0.RegFECSStatus:   emulated,
+		nvc0.RegPGRAPHStatus:    {class: regPassthrough, read: physRead},
+		nvc0.RegFECSData:        emulated,
+		nvc0.RegFECSCmd:         {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.fecsCommand(val) }},
+		nvc0.RegFECSStatus:      emulated,
+		nvc0.RegFECSReglistData: emulated,
 		nvc0.RegFECSClear: {class: regEmulated, write: func(v *VGPU, _, val uint32) {
 			v.emu[nvc0.RegFECSStatus] &^= val
 		}},
+		// The channel an engine has loaded: translated to the guest's own
+		// instance, or none; the host never writes these.
+		nvc0.RegFECSChanAddr: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid)},
+		nvc0.RegFECSChanNext: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid)},
 	}}
 	for i := 1; i < nvc0.MaxMemPartitions; i++ {
 		t.exact[nvc0.MemPartSize(i)] = regHandler{class: regEmulated, read: constant(0)}
+	}
+	for i := range nvc0.NumCopyEngines {
+		t.exact[nvc0.RegCEChanCur(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid)}
+		t.exact[nvc0.RegCEChanNext(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid)}
+	}
+	// The error-report registers: each VM's own register file, holding the
+	// board's reports about its channels, translated (faults.go).
+	for _, off := range errreport.Offsets() {
+		t.exact[off] = regHandler{class: regTranslated, read: errRegRead, write: errRegWrite}
 	}
 	t.ranges = []rangeHandler{
 		{nvc0.RegChanTable, nvc0.RegChanTable + nvc0.MaxChannels*nvc0.ChanTableStride,
@@ -133,6 +143,21 @@ func newRegTable() regTable {
 	}
 	sort.Slice(t.ranges, func(i, j int) bool { return t.ranges[i].lo < t.ranges[j].lo })
 	return t
+}
+
+// sliceMiB reads the VM's VRAM slice size in MiB.
+func sliceMiB(v *VGPU, _ uint32) uint32 { return uint32(v.Slot.VRAM.Size >> nvc0.MemPartSizeShift) }
+
+// praminWindowWrite moves the guest's PRAMIN window. A window on memory
+// other than VRAM is refused: accesses through it are denied until the
+// guest points it at VRAM again.
+func praminWindowWrite(v *VGPU, off, val uint32) {
+	v.emu[off] = val
+	base, target := nvc0.PRAMINWindowDecode(val)
+	v.window, v.windowOK = base, target == nvc0.MemTargetVRAM
+	if !v.windowOK {
+		v.gripeLog("PRAMIN window outside VRAM refused", "value", val)
+	}
 }
 
 // bar0Read and bar0Write run a trapped BAR0 access through the table.
@@ -161,6 +186,10 @@ func (v *VGPU) deny(op string, bar int, off uint64, val uint32) {
 }
 
 func praminRead(v *VGPU, off uint32) uint32 {
+	if !v.windowOK {
+		v.deny("read", nvc0.BAR0, uint64(off), 0)
+		return 0
+	}
 	g := v.window + uint64(off-nvc0.PRAMINBase)
 	val, ok := v.guestVRAMRead32(g)
 	if !ok {
@@ -171,7 +200,7 @@ func praminRead(v *VGPU, off uint32) uint32 {
 
 func praminWrite(v *VGPU, off, val uint32) {
 	g := v.window + uint64(off-nvc0.PRAMINBase)
-	if !v.guestVRAMWrite32(g, val) {
+	if !v.windowOK || !v.guestVRAMWrite32(g, val) {
 		v.deny("write", nvc0.BAR0, uint64(off), val)
 	}
 }
@@ -185,11 +214,6 @@ func engineStatusRead(v *VGPU, off uint32) uint32 {
 		return 0
 	}
 	return nvc0.EngineStatusBusy | uint32(p-v.Slot.ChanBase)
-}
-
-func faultRead(v *VGPU, off uint32) uint32 {
-	v.refreshFault()
-	return v.fault[(off-nvc0.RegFaultInst)/4]
 }
 
 // RegisterClass returns how the aggregator virtualizes the BAR0 offset off

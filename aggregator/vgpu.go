@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/internal/ratelog"
 	"github.com/gpuvm/gpuvm/shadow"
@@ -89,11 +90,13 @@ type VGPU struct {
 	// Guest-visible register state.
 	emu      map[uint32]uint32 // plain per-VM register storage
 	window   uint64            // PRAMIN window base (guest VRAM address)
+	windowOK bool              // the window names VRAM
 	pollBase uint64            // guest BAR1 address of its poll area
 	pollOn   bool
 	chans    []vchan
-	fault    [4]uint32
-	intr     uint32
+	// verr is the guest's error-report register file: the board's reports
+	// about its channels, translated (faults.go). It has its own lock.
+	verr *errreport.Reports
 
 	// wedged counts channels whose stop never completed.
 	wedged int
@@ -119,6 +122,7 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 		}
 	}
 	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, emu: map[uint32]uint32{},
+		windowOK: true, verr: errreport.New(virtualQueue),
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
 		chans: make([]vchan, slot.Chans),
 		log:   a.log.With("vgpu", slot.Index, "domid", g.DomID, "name", g.Name),
@@ -260,7 +264,11 @@ func (v *VGPU) tearDown() (clean bool, err error) {
 	if serr != nil {
 		errs = append(errs, fmt.Errorf("stop channels: %w", serr))
 	}
+	// Deliver what the stopped channels reported, then drop their routes:
+	// no report reaches the slot's next tenant.
+	v.agg.faults.collect()
 	for _, p := range chans {
+		v.agg.faults.unbind(p)
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
 		v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
 	}
@@ -274,6 +282,7 @@ func (v *VGPU) tearDown() (clean bool, err error) {
 			errs = append(errs, b.clear())
 		}
 	}
+	v.agg.faults.unbindBARs(v)
 	clean = len(wedged) == 0
 	v.wedged += len(wedged)
 	v.mu.Unlock()

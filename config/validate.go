@@ -20,7 +20,7 @@ const (
 	// BAR1PollReserve is the part of BAR1 the aggregator keeps for the
 	// physical poll area (one 4KiB doorbell page per board channel).
 	BAR1PollReserve = MaxChannels * 4 * KiB
-	BAR3Aperture    = 16 * MiB // BAR3 size, shared out by partition.bar3_per_vm
+	BAR3Aperture    = 64 * MiB // BAR3 size, shared out by partition.bar3_per_vm
 	// MaxDomID is the largest Xen domain id a guest can have
 	// (DOMID_FIRST_RESERVED - 1).
 	MaxDomID = 0x7FEF
@@ -37,7 +37,7 @@ const (
 // the partitioning fits the board: max_vms × vram_per_vm + reserved ≤ board
 // vram (sim only: a PCI board's VRAM is known only once it is opened),
 // max_vms × channels_per_vm ≤ board channels, max_vms × bar1_per_vm ≤ the
-// 128MiB BAR1 aperture less the aggregator's 512KiB poll area and max_vms × bar3_per_vm ≤ the 16MiB BAR3 aperture;
+// 128MiB BAR1 aperture less the aggregator's 512KiB poll area and max_vms × bar3_per_vm ≤ the 64MiB BAR3 aperture;
 // that each [[vm]] has a name or a domid, stays within its partition, and
 // that no two [[vm]] entries share a name or a domid.
 func (c Config) Validate() error { return c.validate(nil) }
@@ -232,7 +232,7 @@ func (c Config) validatePartition(v *validator) {
 		note      string
 	}{
 		{"partition.bar1_per_vm", "bar1_per_vm", bar1OK, p.BAR1PerVM, BAR1Aperture - BAR1PollReserve, "128MiB BAR1 aperture less the aggregator's 512KiB poll area"},
-		{"partition.bar3_per_vm", "bar3_per_vm", bar3OK, p.BAR3PerVM, BAR3Aperture, "16MiB BAR3 aperture"},
+		{"partition.bar3_per_vm", "bar3_per_vm", bar3OK, p.BAR3PerVM, BAR3Aperture, "64MiB BAR3 aperture"},
 	} {
 		if !bar.ok || !vmsOK {
 			continue

@@ -67,7 +67,7 @@ func TestHostileRing(t *testing.T) {
 			publish(c, b)
 		}, "unknown request kind"},
 		{"bad BAR", func(c *Client) { publish(c, entry(request{kind: kindRead32, bar: 2})) }, "bad BAR 2"},
-		{"beyond BAR", func(c *Client) { publish(c, entry(request{kind: kindWrite32, bar: 3, off: 16 << 20})) }, "beyond BAR size"},
+		{"beyond BAR", func(c *Client) { publish(c, entry(request{kind: kindWrite32, bar: 3, off: 64 << 20})) }, "beyond BAR size"},
 		{"unaligned", func(c *Client) { publish(c, entry(request{kind: kindWrite32, bar: 1, off: 6})) }, "not 4-byte aligned"},
 		{"bad entry after good ones", func(c *Client) {
 			publish(c, entry(request{kind: kindWrite32, off: 4, value: 1}), entry(request{kind: kindCall, op: 1, nargs: 1}),

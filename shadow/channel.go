@@ -20,6 +20,38 @@ const MaxGPFIFOLog2Entries = 20
 // the aggregator must not enable (or must stop) the physical channel.
 var ErrInvalidChannel = errors.New("invalid channel instance block")
 
+// ErrNotVRAM is wrapped when a RAMIN names a page directory or user area in
+// another memory target than VRAM (refused: the guest's structures live in
+// its VRAM slice).
+var ErrNotVRAM = errors.New("not in VRAM")
+
+// ErrEngineContext is wrapped when a RAMIN's engine context pointer is
+// refused.
+var ErrEngineContext = errors.New("engine context pointer refused")
+
+// engineContext is one engine context pointer of a RAMIN.
+type engineContext struct {
+	off    uint32
+	name   string
+	served bool // an engine the board has
+}
+
+// engineContexts lists the RAMIN's engine context pointers
+// (gf100_ectx_bind: 0x210 + …; envytools GF100 RAMIN).
+func engineContexts() []engineContext {
+	return []engineContext{
+		{nvc0.RAMINEngineGR, "GR", true}, {nvc0.RAMINEngineCE0, "CE0", true}, {nvc0.RAMINEngineCE1, "CE1", true},
+		{nvc0.RAMINEngineMSPDEC, "MSPDEC", false}, {nvc0.RAMINEngineMSPPP, "MSPPP", false}, {nvc0.RAMINEngineMSVLD, "MSVLD", false},
+	}
+}
+
+// putAddr stores a 4 KiB-aligned VRAM address as a RAMIN address field.
+func putAddr(b []byte, addr uint64) {
+	lo, hi := nvc0.RAMINAddrEncode(addr)
+	binary.LittleEndian.PutUint32(b, lo)
+	binary.LittleEndian.PutUint32(b[4:], hi)
+}
+
 // RAMINField describes a RAMIN field the shadow channel does not copy
 // verbatim.
 type RAMINField struct {
@@ -46,6 +78,12 @@ func RAMINFields() []RAMINField {
 			"replaced by the shadow page directory of the guest's page directory (an empty one if the guest's is outside the slice; the channel is then invalid)"},
 		{nvc0.RAMINAddrLimit, 8, "address-space limit",
 			"kept: the shadow page directory covers the whole VA space and maps only the VM's memory"},
+		{nvc0.RAMINEngineGR, 8, "GR engine context pointer",
+			"kept if virtual (bit 2 set: a VA in the channel's shadowed address space) or zero; a physical pointer leaves the channel invalid and reads 0"},
+		{nvc0.RAMINEngineCE0, 8, "CE0 engine context pointer", "as GR"},
+		{nvc0.RAMINEngineCE1, 8, "CE1 engine context pointer", "as GR"},
+		{nvc0.RAMINEngineMSPDEC, 0x30, "video engine context pointers (MSPDEC, MSPPP, MSVLD)",
+			"zeroed: engines the board does not have; a non-zero pointer leaves the channel invalid"},
 	}
 }
 
@@ -209,10 +247,15 @@ func (c *Channel) Refresh() error {
 	var invalid []error
 
 	// Page directory. The old space is released only once the new shadow
-	// block is written, so the shadow RAMIN never names freed memory.
-	gpd := binary.LittleEndian.Uint64(blk[nvc0.RAMINPageDir:])
+	// block is written, so the shadow RAMIN never names freed memory. Only
+	// a page directory in VRAM is accepted (the guest's slice).
+	gpd, target := nvc0.RAMINAddrDecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINPageDir:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINPageDir+4:]))
 	old, sp := c.space, c.space
-	if old == nil || old.GuestPD() != gpd {
+	switch {
+	case target != nvc0.MemTargetVRAM:
+		sp = nil
+		invalid = append(invalid, fmt.Errorf("page directory at guest %#x: memory target %d: %w", gpd, target, ErrNotVRAM))
+	case old == nil || old.GuestPD() != gpd:
 		var err error
 		if sp, err = c.m.Acquire(gpd); err != nil {
 			if !errors.Is(err, ErrOutsideSlice) {
@@ -235,18 +278,38 @@ func (c *Channel) Refresh() error {
 			return fmt.Errorf("shadow channel (guest RAMIN %#x): %w", c.guestRAMIN, err)
 		}
 	}
-	binary.LittleEndian.PutUint64(blk[nvc0.RAMINPageDir:], pd)
+	putAddr(blk[nvc0.RAMINPageDir:], pd)
 
 	// User area: the GPU gets the shadow; the guest's is checked and
 	// watched (a GP_PUT written into it is a doorbell).
-	gu := uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserHi:]))<<32 | uint64(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserLo:]))
+	gu, target := nvc0.RAMINAddrDecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINUserLo:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINUserHi:]))
 	user, userOK := c.m.tr.VRAMAddr(gu, nvc0.UserAreaSize)
-	if !userOK {
+	switch {
+	case target != nvc0.MemTargetVRAM:
+		userOK = false
+		invalid = append(invalid, fmt.Errorf("user area at guest %#x: memory target %d: %w", gu, target, ErrNotVRAM))
+	case !userOK:
 		invalid = append(invalid, fmt.Errorf("user area at guest %#x: %w", gu, ErrOutsideSlice))
 	}
-	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserLo:], uint32(c.shadowUser))
-	binary.LittleEndian.PutUint32(blk[nvc0.RAMINUserHi:], uint32(c.shadowUser>>32))
+	putAddr(blk[nvc0.RAMINUserLo:], c.shadowUser)
 	c.setUser(gu, user, userOK)
+
+	// Engine context pointers: a virtual address in the channel's own
+	// (shadowed) address space is kept; a physical one would let the
+	// engine load and save at any VRAM address, so it is refused.
+	for _, e := range engineContexts() {
+		lo, hi := binary.LittleEndian.Uint32(blk[e.off:]), binary.LittleEndian.Uint32(blk[e.off+4:])
+		if _, virtual := nvc0.RAMINEngineDecode(lo, hi); !virtual && (lo != 0 || hi != 0) || !e.served && (lo != 0 || hi != 0) {
+			why := "a physical address (bit 2 clear)"
+			if !e.served {
+				why = "an engine the board does not have"
+			}
+			invalid = append(invalid, fmt.Errorf("%s context pointer %#x:%#x at +%#x is %s: %w", e.name, hi, lo, e.off, why, ErrEngineContext))
+			lo, hi = 0, 0
+		}
+		binary.LittleEndian.PutUint32(blk[e.off:], lo)
+		binary.LittleEndian.PutUint32(blk[e.off+4:], hi)
+	}
 
 	// GPFIFO: the VA is kept, the size bounded.
 	va, entries := nvc0.GPFIFODecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOLo:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINGPFIFOHi:]))

@@ -1,8 +1,10 @@
 package shadow
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
@@ -238,6 +240,16 @@ func (m *Manager) Release(s *Space) error {
 func (m *Manager) Space(guestPD uint64) (*Space, bool) {
 	s, ok := m.spaces[guestPD]
 	return s, ok
+}
+
+// Spaces returns the live spaces, in guest page-directory order.
+func (m *Manager) Spaces() []*Space {
+	out := make([]*Space, 0, len(m.spaces))
+	for _, s := range m.spaces {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *Space) int { return cmp.Compare(a.guestPD, b.guestPD) })
+	return out
 }
 
 // NumSpaces returns the number of live spaces.

@@ -134,6 +134,48 @@ func TestManagerQuota(t *testing.T) {
 	}
 }
 
+// TestChannelRefusesUnsafeRAMIN: what a RAMIN names outside the page tables
+// — engine contexts at physical addresses, contexts for engines the board
+// lacks, a page directory or user area outside VRAM — leaves the channel
+// invalid, and the shadow never names it.
+func TestChannelRefusesUnsafeRAMIN(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		off  int
+		val  uint32 // written to the low word
+		want error
+	}{
+		{"physical CE0 context (another VM's VRAM)", nvc0.RAMINEngineCE0, 0x0100_0000, ErrEngineContext},
+		{"physical GR context", nvc0.RAMINEngineGR, 0x0000_1000, ErrEngineContext},
+		{"video engine context", nvc0.RAMINEngineMSVLD, 0x1000 | nvc0.RAMINEngineVirtual, ErrEngineContext},
+		{"page directory in system memory", nvc0.RAMINPageDir, uint32(gPD) | nvc0.MemTargetSysCoherent, ErrNotVRAM},
+		{"user area in system memory", nvc0.RAMINUserLo, uint32(gUser) | nvc0.MemTargetSysNonCoherent, ErrNotVRAM},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			buildGuest(e)
+			m := newManager(t, e, 0)
+			e.writeRAMIN(gRAMIN, gPD, gUser, 0x1000_0000, 10, nvc0.VASize-1)
+			g := e.mem.vram[e.l.SliceBase+gRAMIN:][:nvc0.RAMINSize]
+			binary.LittleEndian.PutUint32(g[tc.off:], tc.val)
+			c, err := m.OpenChannel(gRAMIN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Valid() || !errors.Is(c.Err(), ErrInvalidChannel) || !errors.Is(c.Err(), tc.want) {
+				t.Fatalf("channel valid %v, err %v; want %v", c.Valid(), c.Err(), tc.want)
+			}
+			sh := e.mem.vram[c.ShadowRAMIN():][:nvc0.RAMINSize]
+			if tc.want == ErrEngineContext && binary.LittleEndian.Uint32(sh[tc.off:]) != 0 {
+				t.Errorf("the shadow holds the refused pointer %#x", binary.LittleEndian.Uint32(sh[tc.off:]))
+			}
+			if lo := binary.LittleEndian.Uint32(sh[nvc0.RAMINPageDir:]); lo&nvc0.RAMINAddrTargetMask != nvc0.MemTargetVRAM {
+				t.Errorf("shadow page directory target %d", lo&nvc0.RAMINAddrTargetMask)
+			}
+		})
+	}
+}
+
 // Guest RAMIN layout for the channel tests.
 const (
 	gRAMIN = 0x300000
@@ -147,6 +189,16 @@ func (e *env) writeRAMIN(ramin, pd, user, gpfifoVA uint64, log2 uint, limit uint
 	}
 	binary.LittleEndian.PutUint32(b[nvc0.RAMINUserLo:], uint32(user))
 	binary.LittleEndian.PutUint32(b[nvc0.RAMINUserHi:], uint32(user>>32))
+	// Engine contexts as gf100_ectx_bind writes them (VA | 4); no video
+	// engines.
+	for i, e := range engineContexts() {
+		lo, hi := uint32(0), uint32(0)
+		if e.served {
+			lo, hi = nvc0.RAMINEngineEncode(0x7_0000_0000 + uint64(i)*nvc0.EngineContextSize)
+		}
+		binary.LittleEndian.PutUint32(b[e.off:], lo)
+		binary.LittleEndian.PutUint32(b[e.off+4:], hi)
+	}
 	binary.LittleEndian.PutUint32(b[nvc0.RAMINGPFIFOLo:], uint32(gpfifoVA))
 	binary.LittleEndian.PutUint32(b[nvc0.RAMINGPFIFOHi:], nvc0.GPFIFOHiEncode(gpfifoVA, log2))
 	binary.LittleEndian.PutUint64(b[nvc0.RAMINPageDir:], pd)
@@ -202,6 +254,12 @@ func TestChannel(t *testing.T) {
 			t.Fatalf("shadow RAMIN byte %#x = %#x, guest %#x", i, sh[i], g[i])
 		}
 	}
+	// Virtual engine context pointers are kept.
+	for _, off := range []int{nvc0.RAMINEngineGR, nvc0.RAMINEngineCE0, nvc0.RAMINEngineCE1} {
+		if binary.LittleEndian.Uint64(sh[off:]) != binary.LittleEndian.Uint64(g[off:]) {
+			t.Errorf("engine context pointer at +%#x not kept", off)
+		}
+	}
 
 	// The guest moves its user area outside the slice: invalid, and the
 	// shadow never names memory outside the slice.
@@ -219,10 +277,11 @@ func TestChannel(t *testing.T) {
 	if user != c.ShadowUserArea() {
 		t.Fatalf("invalid channel's shadow RAMIN names user area %#x, not its shadow", user)
 	}
-	// Straddling the slice end is invalid too.
+	// The field holds a page address: the low bits are the memory target
+	// and flags, so a user area cannot straddle the slice end.
 	binary.LittleEndian.PutUint32(g[nvc0.RAMINUserLo:], uint32(e.l.SliceSize-nvc0.UserAreaSize/2))
-	if err := c.Refresh(); !errors.Is(err, ErrOutsideSlice) {
-		t.Fatalf("straddling user area: %v", err)
+	if err := c.Refresh(); err != nil || c.GuestUserArea() != e.l.SliceSize-nvc0.UserAreaSize {
+		t.Fatalf("sub-page user area: %v, at %#x", err, c.GuestUserArea())
 	}
 	binary.LittleEndian.PutUint32(g[nvc0.RAMINUserLo:], gUser)
 	if err := c.Refresh(); err != nil {

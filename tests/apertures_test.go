@@ -90,7 +90,7 @@ func TestBARPageTableOutsideSlice(t *testing.T) {
 			}
 			r.vramWrite(pt, ptes)
 			r.vramWrite32(own, 0xC0FFEE00)
-			r.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(ramin, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
+			r.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(ramin, nvc0.BARInstModeVM))
 			r.flushTLB(t, pd, true)
 			bar := func(off uint64) uint32 { return a.dev.Read32(nvc0.BAR3, off) }
 			if got := bar(0); got != 0xC0FFEE00 {
@@ -125,7 +125,7 @@ func TestBARPageTableOutsideSlice(t *testing.T) {
 			t.Logf("%d rounds", rounds)
 			// A BAR instance outside the slice maps nothing.
 			for _, tg := range targets {
-				r.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(tg.g, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
+				r.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(tg.g, nvc0.BARInstModeVM))
 				r.flushTLB(t, tg.g, true)
 				if got := bar(0); got != 0 {
 					t.Errorf("BAR3 instance at %s: page 0 reads %#x, want 0", tg.what, got)

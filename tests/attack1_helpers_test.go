@@ -261,10 +261,10 @@ func a1SemAcquire(va uint64, payload uint32) []uint32 {
 // advancing by pitchIn and the destination by pitchOut per line.
 func a1Copy(dst, src uint64, lineLen, lines, pitchIn, pitchOut uint32) []uint32 {
 	return []uint32{
-		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdOffsetInHi, 8),
+		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
 		uint32(src >> 32), uint32(src), uint32(dst >> 32), uint32(dst),
 		pitchIn, pitchOut, lineLen, lines,
-		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdLaunchDMA, nvc0.CopyLaunchPitch),
+		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
 	}
 }
 

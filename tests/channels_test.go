@@ -17,7 +17,7 @@ func TestForeignChannels(t *testing.T) {
 	s := newScene(t, "fv-naive")
 	e, a := s.e, s.a
 	r := a.r
-	ramin := nvc0.InstEncode(a.own, nvc0.ChanInstValid|nvc0.ChanInstVRAM)
+	ramin := nvc0.InstEncode(a.own, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
 	plAddr, err := a.drv.AllocVRAM(pageSize, pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -72,8 +72,9 @@ func TestForeignChannels(t *testing.T) {
 // TestChannelInstanceOutsideSlice: channel instances (RAMIN) outside the
 // slice are refused; a RAMIN inside the slice whose page directory or user
 // area lies outside yields a shadow that never names foreign memory and a
-// channel that cannot be enabled; copy-engine and FECS binds of instances
-// that are not the VM's channels are denied.
+// channel that cannot be enabled; writes of the copy engines' channel
+// registers and FECS binds of instances that are not the VM's channels are
+// denied.
 func TestChannelInstanceOutsideSlice(t *testing.T) {
 	s := newSceneWith(t, "fv-naive", false)
 	e, a, r := s.e, s.a, s.a.r
@@ -81,9 +82,9 @@ func TestChannelInstanceOutsideSlice(t *testing.T) {
 	p0 := a.slot.ChanBase
 	for _, tg := range hostileVRAM(a, cs) {
 		before := e.denied(t, "attacker")
-		r.wr(nvc0.ChanInst(0), nvc0.InstEncode(tg.g, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+		r.wr(nvc0.ChanInst(0), nvc0.InstEncode(tg.g, nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 		r.wr(nvc0.ChanCtl(0), nvc0.ChanCtlDefault)
-		r.wr(nvc0.RegCopy0InstLo, nvc0.InstEncode(tg.g, nvc0.CopyInstValid))
+		r.wr(nvc0.RegCE0ChanNext, nvc0.InstEncode(tg.g, nvc0.CEChanValid))
 		r.wr(nvc0.RegFECSData, nvc0.FECSBindValid|nvc0.InstEncode(tg.g, 0))
 		r.wr(nvc0.RegFECSCmd, nvc0.FECSCmdBindPointer)
 		r.sync()
@@ -93,7 +94,7 @@ func TestChannelInstanceOutsideSlice(t *testing.T) {
 		if inst&nvc0.ChanInstValid != 0 || ctl&nvc0.ChanCtlEnable != 0 {
 			t.Errorf("instance at %s: physical channel %d has instance %#x control %#x", tg.what, p0, inst, ctl)
 		}
-		if got := e.board.Read32(nvc0.BAR0, nvc0.RegCopy0InstLo); nvc0.InstDecode(got) == tg.g&^(pageSize-1) || nvc0.InstDecode(got) == tg.g-a.slot.VRAM.Base {
+		if got := e.board.Read32(nvc0.BAR0, nvc0.RegCE0ChanCur); nvc0.InstDecode(got) == tg.g&^(pageSize-1) || nvc0.InstDecode(got) == tg.g-a.slot.VRAM.Base {
 			t.Errorf("copy engine 0 bound to %#x after a bind to %s", got, tg.what)
 		}
 	}
@@ -118,7 +119,7 @@ func TestChannelInstanceOutsideSlice(t *testing.T) {
 		r.vramWrite32(ramin+nvc0.RAMINUserLo, uint32(c.user))
 		r.vramWrite32(ramin+nvc0.RAMINUserHi, uint32(c.user>>32))
 		before := e.denied(t, "attacker")
-		r.wr(nvc0.ChanInst(ch), nvc0.InstEncode(ramin, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+		r.wr(nvc0.ChanInst(ch), nvc0.InstEncode(ramin, nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 		r.wr(nvc0.ChanCtl(ch), nvc0.ChanCtlDefault)
 		r.sync()
 		e.expectDenied(t, "attacker", before, 1, c.what+": enable")

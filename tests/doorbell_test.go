@@ -180,7 +180,7 @@ func TestGPPutAliases(t *testing.T) {
 				if err := a.ch.Finish(); err != nil {
 					t.Fatal(err)
 				}
-				if ctl := a.chanCtl(g); ctl&(nvc0.ChanCtlBusy|nvc0.ChanCtlFaulted) != 0 {
+				if ctl := a.chanCtl(g); ctl&nvc0.ChanCtlPending != 0 || a.r.errorReported(g.id) {
 					t.Fatalf("the attacker's channel is not idle before the attack (control word %#x)", ctl)
 				}
 				p := a.put(g)
@@ -199,7 +199,7 @@ func TestGPPutAliases(t *testing.T) {
 				honest, hv := e.startBusyHonest(t, runs)
 				av := e.vgpu("attacker")
 				a.ring(g, next(p)) // the scheduler releases entry p only
-				if !pollUntil(10*time.Second, func() bool { return a.chanCtl(g)&nvc0.ChanCtlBusy != 0 }) {
+				if !pollUntil(10*time.Second, func() bool { return a.chanCtl(g)&nvc0.ChanCtlPending != 0 }) {
 					t.Fatalf("the blocking entry never ran (control word %#x): the attack harness is broken", a.chanCtl(g))
 				}
 				write(next(next(p))) // GP_PUT past the kernel entry, through the alias

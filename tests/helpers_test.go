@@ -452,6 +452,32 @@ func (r raw) window(addr uint64) uint32 {
 // sync is a round trip: every write posted before it has been handled.
 func (r raw) sync() { _ = r.rd(nvc0.RegBoot0) }
 
+// errorReported reports whether the (virtual) GPU presents an error report
+// about channel ch — an MMU fault record naming its instance or a PBDMA
+// error naming its id — without releasing anything: what a driver sees
+// before it handles the interrupt.
+func (r raw) errorReported(ch int) bool {
+	intr := r.rd(nvc0.RegPFIFOIntr)
+	if intr&nvc0.PFIFOIntrMMUFault != 0 {
+		inst := r.rd(nvc0.ChanInst(ch))
+		mask := r.rd(nvc0.RegFaultUnitMask)
+		for u := range nvc0.NumFaultUnits {
+			if mask&(1<<u) != 0 && nvc0.InstDecode(r.rd(nvc0.RegFaultInst(u))) == nvc0.InstDecode(inst) {
+				return true
+			}
+		}
+	}
+	if intr&nvc0.PFIFOIntrPBDMA != 0 {
+		src := r.rd(nvc0.RegPBDMAIntrSource)
+		for p := range nvc0.NumPBDMAs {
+			if src&(1<<p) != 0 && int(r.rd(nvc0.RegPBDMAChan(p))&nvc0.PBDMAChanMask) == ch {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // saveWindow and restoreWindow keep a driver's cached PRAMIN window valid
 // around raw window moves.
 func (r raw) saveWindow() uint32     { return r.rd(nvc0.RegPRAMINWindow) }
@@ -609,10 +635,10 @@ func (a *attacker) newChannel(t *testing.T) {
 // addresses) and waits for it: nil, or the channel's fault.
 func (a *attacker) gpuCopy(dst, src uint64) error {
 	err := a.ch.Submit([]uint32{
-		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdOffsetInHi, 8),
+		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
 		uint32(src >> 32), uint32(src), uint32(dst >> 32), uint32(dst),
 		pageSize, pageSize, pageSize, 1,
-		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdLaunchDMA, nvc0.CopyLaunchPitch),
+		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
 	})
 	if err != nil {
 		return err

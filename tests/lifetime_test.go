@@ -213,7 +213,7 @@ func runSwapAttack(t *testing.T, mode, kind string) {
 		if kind == swapDisableInst {
 			a.r.wr(nvc0.ChanCtl(idA), 0)
 		}
-		a.r.wr(nvc0.ChanInst(idA), nvc0.InstEncode(r2, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+		a.r.wr(nvc0.ChanInst(idA), nvc0.InstEncode(r2, nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 		a.r.sync()
 	}
 
@@ -232,9 +232,9 @@ func runSwapAttack(t *testing.T, mode, kind string) {
 		switch {
 		case a1Get32(sem, 8) == 1:
 			outcome = "completed every copy"
-		case ctl&nvc0.ChanCtlFaulted != 0:
+		case a.r.errorReported(idA):
 			outcome = "faulted"
-		case ctl&nvc0.ChanCtlBusy == 0:
+		case ctl&nvc0.ChanCtlPending == 0:
 			outcome = "ended without completing"
 		default:
 			return false

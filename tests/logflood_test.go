@@ -84,8 +84,8 @@ func TestRefusalLogFlood(t *testing.T) {
 	}
 	honest, _ := e.startBusyHonest(t, runs)
 	av := e.vgpu("attacker")
-	outside := nvc0.InstEncode(a.slot.VRAM.Size+16*pageSize, nvc0.ChanInstValid|nvc0.ChanInstVRAM)
-	own := nvc0.InstEncode(a.own, nvc0.ChanInstValid|nvc0.ChanInstVRAM)
+	outside := nvc0.InstEncode(a.slot.VRAM.Size+16*pageSize, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
+	own := nvc0.InstEncode(a.own, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
 
 	before, denied0, bells0 := lc.snapshot(), av.Counters().Denied, av.Counters().Doorbells
 	start := time.Now()

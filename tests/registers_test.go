@@ -7,9 +7,9 @@ import (
 )
 
 // TestDeniedRegisters: writes a VM may not make — PMC_ENABLE (engines off for
-// everyone), PTIMER, unknown offsets, FECS commands other than a bind of its
-// own channel — are denied and counted and change nothing on the board; the
-// honest VM keeps computing.
+// everyone), PTIMER, unknown offsets, FECS commands that name no channel of
+// its own or act for every VM — are denied and counted and change nothing
+// on the board; the honest VM keeps computing.
 func TestDeniedRegisters(t *testing.T) {
 	s := newSceneWith(t, "fv-naive", false)
 	e, r := s.e, s.a.r
@@ -28,7 +28,11 @@ func TestDeniedRegisters(t *testing.T) {
 			}
 			n += 2
 		}
-		for _, cmd := range []uint32{0, 1, 2, 4, 0xFFFFFFFF} {
+		// Unknown commands; set-channel and bind with an instance that is
+		// not one of its channels; halt, register lists and stopping or
+		// starting context switching (they act for every VM).
+		for _, cmd := range []uint32{0, nvc0.FECSCmdSetChan, nvc0.FECSCmdBindPointer, nvc0.FECSCmdHalt, nvc0.FECSCmdReglistInst,
+			nvc0.FECSCmdReglistVA, nvc0.FECSCmdStopCtxsw, nvc0.FECSCmdStartCtxsw, 0xFFFFFFFF} {
 			r.wr(nvc0.RegFECSData, nvc0.FECSBindValid|0x1234)
 			r.wr(nvc0.RegFECSCmd, cmd)
 			n++

@@ -81,8 +81,8 @@ func TestLongKernelWatchdog(t *testing.T) {
 			// hog, or its channel faulted (or, after disabling it, idle).
 			stopped := func() bool {
 				ctl := a.chanCtl(g)
-				return e.agg.WatchdogKills(hogID) > 0 || ctl&nvc0.ChanCtlFaulted != 0 ||
-					(vt.disabled && ctl&nvc0.ChanCtlBusy == 0)
+				return e.agg.WatchdogKills(hogID) > 0 || a.r.errorReported(g.id) ||
+					(vt.disabled && ctl&nvc0.ChanCtlPending == 0)
 			}
 			if !pollUntil(10*time.Second, stopped) {
 				t.Errorf("the hog's channel was not stopped within 10 s of its launch (watchdog %v): watchdog kills of the hog %d, its control word %#x",

@@ -65,9 +65,9 @@ func FlushTLB(m gpu.MMIO, pd uint64, bar bool, timeout time.Duration) error {
 	}
 	typ := uint32(nvc0.TLBFlushTypeVM)
 	if bar {
-		typ |= nvc0.TLBFlushTypeBARVM
+		typ = nvc0.TLBFlushTypeBAR
 	}
-	wr(m, nvc0.RegTLBFlushPD, uint32(pd>>nvc0.TLBFlushPDShift))
+	wr(m, nvc0.RegTLBFlushPD, nvc0.TLBFlushPDEncode(pd))
 	wr(m, nvc0.RegTLBFlushTrigger, nvc0.TLBFlushTrigger|typ)
 	return Wait(m, "TLB flush", nvc0.RegMMUStatus, timeout, func(v uint32) bool { return v&nvc0.MMUStatusFlushDone != 0 })
 }
@@ -75,7 +75,7 @@ func FlushTLB(m gpu.MMIO, pd uint64, bar bool, timeout time.Duration) error {
 // SubmitPlaylist points PFIFO at a playlist of count entries at VRAM address
 // addr and waits until the update is no longer pending.
 func SubmitPlaylist(m gpu.MMIO, addr uint64, count int, timeout time.Duration) error {
-	wr(m, nvc0.RegPlaylistAddr, uint32(addr>>nvc0.PageShift))
+	wr(m, nvc0.RegPlaylistAddr, nvc0.PlaylistAddrEncode(addr))
 	wr(m, nvc0.RegPlaylistSubmit, nvc0.PlaylistSubmitEncode(count))
 	return Wait(m, "playlist update", nvc0.RegPlaylistStatus, timeout, func(v uint32) bool { return v&nvc0.PlaylistPending == 0 })
 }
@@ -83,10 +83,29 @@ func SubmitPlaylist(m gpu.MMIO, addr uint64, count int, timeout time.Duration) e
 // FECSBind asks the context-switch firmware to bind the graphics/compute
 // context of the channel whose instance block is at ramin.
 func FECSBind(m gpu.MMIO, ramin uint64, timeout time.Duration) error {
+	return FECSCommand(m, nvc0.FECSCmdBindPointer, nvc0.InstEncode(ramin, nvc0.FECSBindValid), timeout)
+}
+
+// FECSCommand runs a FECS command with its data word and waits until FECS
+// reports it done.
+func FECSCommand(m gpu.MMIO, cmd, data uint32, timeout time.Duration) error {
 	wr(m, nvc0.RegFECSClear, nvc0.FECSDone)
-	wr(m, nvc0.RegFECSData, nvc0.InstEncode(ramin, nvc0.FECSBindValid))
-	wr(m, nvc0.RegFECSCmd, nvc0.FECSCmdBindPointer)
-	return Wait(m, "FECS bind", nvc0.RegFECSStatus, timeout, func(v uint32) bool { return v&nvc0.FECSDone != 0 })
+	wr(m, nvc0.RegFECSData, data)
+	wr(m, nvc0.RegFECSCmd, cmd)
+	return Wait(m, fmt.Sprintf("FECS command %#x", cmd), nvc0.RegFECSStatus, timeout, func(v uint32) bool { return v&nvc0.FECSDone != 0 })
+}
+
+// FECSQuery runs a FECS size query (nvc0.FECSCmdImageSize and the like)
+// and returns the answer, as gf100_gr_fecs_ctx_size does: clear the
+// mailbox, issue the command, wait for a non-zero value.
+func FECSQuery(m gpu.MMIO, cmd uint32, timeout time.Duration) (uint32, error) {
+	wr(m, nvc0.RegFECSStatus, 0)
+	wr(m, nvc0.RegFECSData, 0)
+	wr(m, nvc0.RegFECSCmd, cmd)
+	if err := Wait(m, fmt.Sprintf("FECS query %#x", cmd), nvc0.RegFECSStatus, timeout, func(v uint32) bool { return v != 0 }); err != nil {
+		return 0, err
+	}
+	return m.Read32(nvc0.BAR0, nvc0.RegFECSStatus), nil
 }
 
 // DisableChannel clears channel ch's enable bit, as nouveau's

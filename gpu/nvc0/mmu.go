@@ -33,18 +33,27 @@ const (
 	addrShift           = 8
 )
 
-// PDE is a decoded page-directory entry. A zero address with Present false
-// means no table of that size.
+// PDE is a decoded page-directory entry (nvkm/subdev/mmu/vmmgf100.c
+// gf100_vmm_pgd_pde): word 0 is the large-page table (target 1:0, SIZE 3:2,
+// address >> 12 in 31:4), word 1 the small-page table (target 1:0, VOL for
+// the small table bit 2, VOL for the large table bit 3, address 31:4). A
+// zero address with Present false means no table of that size.
 type PDE struct {
 	LargePresent bool
 	LargeSys     bool   // large page table lives in system memory
 	LargeAddr    uint64 // large-page table address
-	// Size is PDE word0 bits 3:2: the share of the 128 MiB covered by the
-	// small-page table is 1/2^Size (0 = all of it, as nouveau uses).
+	LargeVol     bool
+	// Size is word 0 bits 3:2 (envytools PT_SIZE: 0 FULL, 1 64M, 2 32M,
+	// 3 16M of the 128 MiB a PDE covers). nouveau only writes 0; which
+	// table a non-zero size shortens is undocumented. The board shortens
+	// the small-page table to 1/2^Size of the range (an access beyond it
+	// with no large page faults PT_TOO_SHORT), since the sizes listed are
+	// what a 128 KiB-page table would cover in full.
 	Size         uint32
 	SmallPresent bool
 	SmallSys     bool
 	SmallAddr    uint64
+	SmallVol     bool
 }
 
 func pdeWord(present, sys bool, addr uint64) uint32 {
@@ -63,10 +72,22 @@ func pdeWordDecode(w uint32) (present, sys bool, addr uint64) {
 	return t != 0, t >= pdeTargetSysSnoop, uint64(w&pdeAddrMask) << addrShift
 }
 
+// PDE word 1 volatile bits (gf100_vmm_pgd_pde: BIT_ULL(34), BIT_ULL(35)).
+const (
+	PDEW1SmallVol = 0x4
+	PDEW1LargeVol = 0x8
+)
+
 // Encode returns the two little-endian words of the PDE.
 func (p PDE) Encode() (w0, w1 uint32) {
 	w0 = pdeWord(p.LargePresent, p.LargeSys, p.LargeAddr) | (p.Size&pdeSizeMask)<<pdeSizeShift
 	w1 = pdeWord(p.SmallPresent, p.SmallSys, p.SmallAddr)
+	if p.SmallVol {
+		w1 |= PDEW1SmallVol
+	}
+	if p.LargeVol {
+		w1 |= PDEW1LargeVol
+	}
 	return w0, w1
 }
 
@@ -76,21 +97,28 @@ func DecodePDE(w0, w1 uint32) PDE {
 	p.LargePresent, p.LargeSys, p.LargeAddr = pdeWordDecode(w0)
 	p.Size = (w0 >> pdeSizeShift) & pdeSizeMask
 	p.SmallPresent, p.SmallSys, p.SmallAddr = pdeWordDecode(w1)
+	p.SmallVol, p.LargeVol = w1&PDEW1SmallVol != 0, w1&PDEW1LargeVol != 0
 	return p
 }
 
-// PTE field encodings.
+// PTE field encodings (gf100_vmm_valid, gf100_vmm_pgt_pte; envytools
+// nvc0_vm.xml): low word bit 0 present, 1 privileged, 2 read-only, 3
+// encrypted, 31:4 address >> 12; high word bit 0 VOL, 2:1 target, 11:4
+// storage kind, 28:12 compression tag line.
 const (
 	PTEPresent    = 0x1 // low word bit 0
 	PTEPrivileged = 0x2 // low word bit 1: only privileged engines may use it
 	PTEReadOnly   = 0x4 // low word bit 2
+	PTEEncrypted  = 0x8 // low word bit 3 (envytools: sysram only; nouveau never sets it)
 	pteAddrMask   = 0xFFFFFFF0
 
-	PTEHiVolatile    = 0x1 // high word bit 0 (nouveau writes 5/7 for system memory)
-	pteHiTargetShift = 1
-	pteHiTargetMask  = 0x3
-	pteHiKindShift   = 4
-	pteHiKindMask    = 0xFF
+	PTEHiVolatile     = 0x1 // high word bit 0 (nouveau writes 5/7 for system memory)
+	pteHiTargetShift  = 1
+	pteHiTargetMask   = 0x3
+	pteHiKindShift    = 4
+	pteHiKindMask     = 0xFF
+	pteHiCompTagShift = 12
+	pteHiCompTagMask  = 0x1FFFF
 )
 
 // PTE is a decoded page-table entry.
@@ -98,10 +126,12 @@ type PTE struct {
 	Present    bool
 	Privileged bool
 	ReadOnly   bool
+	Encrypted  bool
 	Addr       uint64 // physical address: VRAM offset or system (machine) address
 	Target     uint32 // TargetVRAM, TargetSysSnooped or TargetSysNoSnoop
 	Volatile   bool
 	Kind       uint32 // memory type (storage kind), high word bits 11:4
+	CompTag    uint32 // compression tag line, high word bits 28:12
 }
 
 // IsSystem reports whether the PTE targets system memory.
@@ -119,7 +149,11 @@ func (p PTE) Encode() (lo, hi uint32) {
 	if p.ReadOnly {
 		lo |= PTEReadOnly
 	}
-	hi = (p.Target&pteHiTargetMask)<<pteHiTargetShift | (p.Kind&pteHiKindMask)<<pteHiKindShift
+	if p.Encrypted {
+		lo |= PTEEncrypted
+	}
+	hi = (p.Target&pteHiTargetMask)<<pteHiTargetShift | (p.Kind&pteHiKindMask)<<pteHiKindShift |
+		(p.CompTag&pteHiCompTagMask)<<pteHiCompTagShift
 	if p.Volatile {
 		hi |= PTEHiVolatile
 	}
@@ -132,10 +166,12 @@ func DecodePTE(lo, hi uint32) PTE {
 		Present:    lo&PTEPresent != 0,
 		Privileged: lo&PTEPrivileged != 0,
 		ReadOnly:   lo&PTEReadOnly != 0,
+		Encrypted:  lo&PTEEncrypted != 0,
 		Addr:       uint64(lo&pteAddrMask) << addrShift,
 		Target:     (hi >> pteHiTargetShift) & pteHiTargetMask,
 		Volatile:   hi&PTEHiVolatile != 0,
 		Kind:       (hi >> pteHiKindShift) & pteHiKindMask,
+		CompTag:    (hi >> pteHiCompTagShift) & pteHiCompTagMask,
 	}
 }
 

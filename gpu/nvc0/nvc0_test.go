@@ -94,7 +94,11 @@ func TestMethodHeader(t *testing.T) {
 	}{
 		{"incr", Incr(1, ComputeMthdCodeAddrHi, 2), MethodHeader{MthdTypeIncreasing, 2, 1, ComputeMthdCodeAddrHi}},
 		{"nonincr", NonIncr(7, 0x1FFC, 0x1FFF), MethodHeader{MthdTypeNonIncreasing, 0x1FFF, 7, 0x1FFC}},
-		{"immd", Immd(4, CopyMthdLaunchDMA, CopyLaunchPitch), MethodHeader{MthdTypeImmediate, CopyLaunchPitch, 4, CopyMthdLaunchDMA}},
+		{"immd", Immd(4, CopyMthdExec, CopyExecLinear), MethodHeader{MthdTypeImmediate, CopyExecLinear, 4, CopyMthdExec}},
+		// nvc0_bo_move_copy's EXEC of 0x0110 on subchannel 4, as an immediate
+		{"nouveau-copy-exec", 0x811080C0, MethodHeader{MthdTypeImmediate, 0x110, 4, CopyMthdExec}},
+		// the NOP word nouveau pushes NOUVEAU_DMA_SKIPS of
+		{"zero", 0, MethodHeader{MthdTypeOldIncreasing, 0, 0, 0}},
 		// nouveau's BEGIN_NVC0(chan, 0, 0x10, 4): 0x20040004
 		{"nouveau-semaphore", 0x20040004, MethodHeader{MthdTypeIncreasing, 4, 0, MthdSemaphoreAddrHi}},
 	}
@@ -124,7 +128,7 @@ func TestChannelTable(t *testing.T) {
 			t.Errorf("ChanFromTableOffset(%#x) = %d,%d,%v", c.off, ch, word, ok)
 		}
 	}
-	if v := InstEncode(0x1234000, ChanInstValid|ChanInstVRAM); v != 0xC0001234 || InstDecode(v) != 0x1234000 {
+	if v := InstEncode(0x1234000, ChanInstValid|ChanInstPollEnable); v != 0xC0001234 || InstDecode(v) != 0x1234000 || InstTarget(v|MemTargetSysCoherent<<ChanInstTargetShift) != MemTargetSysCoherent {
 		t.Fatalf("InstEncode %#x", v)
 	}
 	if PlaylistSubmitEncode(3) != 0x01F00003 {
@@ -136,20 +140,24 @@ func TestChannelTable(t *testing.T) {
 }
 
 func TestSemaphoreTrigger(t *testing.T) {
-	op, long := SemaphoreTriggerDecode(SemaphoreRelease | SemaphoreReleaseLong)
-	if op != SemaphoreRelease || !long {
-		t.Fatal("release long")
+	// nvc0_fence_emit32 releases with 0x1002 on Kepler and plain 2 on
+	// Fermi: 16 bytes unless RELEASE_SIZE (bit 24) asks for 4.
+	if op, long := SemaphoreTriggerDecode(SemaphoreRelease); op != SemaphoreRelease || !long {
+		t.Fatal("a plain release is 16 bytes")
 	}
-	op, long = SemaphoreTriggerDecode(SemaphoreAcquireGEq)
-	if op != SemaphoreAcquireGEq || long {
-		t.Fatal("acquire geq")
+	if op, long := SemaphoreTriggerDecode(SemaphoreRelease | SemaphoreRelease4Byte); op != SemaphoreRelease || long {
+		t.Fatal("RELEASE_SIZE_4BYTE")
+	}
+	// nvc0_fence_sync32 acquires with 0x1004: ACQ_GEQ | ACQUIRE_SWITCH.
+	if op, _ := SemaphoreTriggerDecode(0x1004); op != SemaphoreAcquireGEq {
+		t.Fatal("acquire geq with switch")
 	}
 }
 
 // PMC_BOOT_0 decodes as nouveau decodes it, and the board's identity is
 // consistent: a GF100 at stepping A3, the PCI revision the same stepping.
 func TestBoot0Decode(t *testing.T) {
-	if c, r := Boot0Chipset(Boot0Value), Boot0Revision(Boot0Value); c != ChipsetGF100 || r != RevisionA3 || Boot0Value != 0x0C0000A3 {
+	if c, r := Boot0Chipset(Boot0Value), Boot0Revision(Boot0Value); c != ChipsetGF100 || r != RevisionA3 || Boot0Value != 0x0C0C00A3 {
 		t.Errorf("Boot0Value %#08x decodes to chipset %#x revision %#x", uint32(Boot0Value), c, r)
 	}
 	if PCIRevision != Boot0Revision(Boot0Value) {

@@ -28,11 +28,17 @@ const (
 	ChipsetFamilyGF119 = 0x0D0
 
 	// ChipsetGF100 is the modelled chip (Quadro 6000, GTX 480), stepping
-	// RevisionA3: nouveau reports the board as "NVIDIA GF100 (0c0000a3)".
+	// RevisionA3.
 	ChipsetGF100 = 0x0C0
 	RevisionA3   = 0xA3
+	// Boot0DeviceShift: PMC_BOOT_0 bits 19:15 repeat the low 5 bits of the
+	// PCI device id on G92…GF119 (envytools rnndb/bus/pmc.xml ID.DEVICE_ID):
+	// a GTX 480 (0x06C0) reads 0x0c0000a3, a Quadro 6000 (0x06D8) 0x0c0c00a3
+	// (GPUvm's own device model, gxen nvc0.h NVC0_REG0).
+	Boot0DeviceShift = 15
+	Boot0DeviceMask  = 0x1F
 	// Boot0Value is what PMC_BOOT_0 reads on the modelled board.
-	Boot0Value = ChipsetGF100<<Boot0ChipsetShift | RevisionA3
+	Boot0Value = ChipsetGF100<<Boot0ChipsetShift | (PCIDeviceQuadro6000&Boot0DeviceMask)<<Boot0DeviceShift | RevisionA3
 )
 
 // Boot0Chipset returns the chipset field of a PMC_BOOT_0 value.
@@ -57,7 +63,7 @@ const (
 
 	BAR0Size = 32 << 20
 	BAR1Size = 128 << 20
-	BAR3Size = 16 << 20
+	BAR3Size = 64 << 20 // a Quadro 6000: lspci in GPUvm's gxen nvc0.c ("Region 3: … [size=64M]")
 	BAR5Size = 128
 )
 

@@ -1,42 +1,55 @@
 package nvc0
 
-// BAR0 register offsets. The comment names the nouveau/envytools register.
+// BAR0 register offsets. Each comment names the register as nouveau
+// (drivers/gpu/drm/nouveau, "nvkm/…") or envytools (rnndb) does, and the
+// function or element that is the source. Field encodings are in fifo.go
+// (PFIFO, faults, PBDMA), mem.go (memory targets, BARs, PRAMIN, TLB) and
+// ramin.go (RAMIN, USERD).
 const (
 	// PMC
-	RegBoot0     = 0x000000 // PMC_BOOT_0: chipset id, read-only (Boot0Value)
+	RegBoot0     = 0x000000 // PMC_BOOT_0: chip id, read-only (Boot0Value; nvkm/engine/device/base.c nvkm_device_ctor)
 	RegPMCEnable = 0x000200 // PMC_ENABLE: engine enable mask
 	// PMCEnableAll enables every engine: all bits set, as nouveau's MC
 	// init writes it (nv04_mc_init: "everything enabled").
 	PMCEnableAll = 0xFFFFFFFF
 
-	// PBUS / PRAMIN window and BAR channels
-	RegPRAMINWindow = 0x001700 // PRAMIN window base: VRAM address >> 16
-	RegBAR1Inst     = 0x001704 // BAR1 channel instance: BARInstEncode(RAMIN)
-	RegBAR3Inst     = 0x001714 // BAR3 channel instance: BARInstEncode(RAMIN)
+	// PBUS: PRAMIN window and BAR instances (envytools rnndb/bus/pbus.xml HOST_MEM)
+	RegPRAMINWindow = 0x001700 // PMEM: window base (PRAMINWindowEncode); nvkm/subdev/instmem/nv50.c
+	RegBAR1Inst     = 0x001704 // BAR1 instance (BARInstEncode); nvkm/subdev/bar/gf100.c gf100_bar_bar1_init
+	RegBAR3Inst     = 0x001714 // BAR3 ("bar2" in nouveau) instance; gf100_bar_bar2_init
 
-	// PFIFO
-	RegPFIFOIntr      = 0x002100 // PFIFO_INTR: pending interrupt bits (write 1 to clear)
-	RegPollArea       = 0x002254 // poll area: BAR1 virtual address >> 12 | PollAreaEnable
-	RegPlaylistAddr   = 0x002270 // playlist (runlist) VRAM address >> 12
-	RegPlaylistSubmit = 0x002274 // PlaylistSubmitEncode(count); writing it submits the playlist
-	RegPlaylistStatus = 0x00227C // bit PlaylistPending set while an update is in flight
+	// PFIFO (nvkm/engine/fifo/gf100.c; envytools rnndb/fifo/gf100_pfifo.xml)
+	RegPFIFOIntr       = 0x002100 // PFIFO_INTR: PFIFOIntr* bits; 0/8/16/24 write-1-to-clear, 28..31 follow their sources
+	RegPFIFOIntrEn     = 0x002140 // PFIFO_INTR_EN (nouveau writes 0x7fffffff)
+	RegPollArea        = 0x002254 // USERD poll area: BAR1 VA >> 12 | PollAreaEnable (gf100_fifo_init)
+	RegPlaylistAddr    = 0x002270 // runlist base: PlaylistAddrEncode (gf100_runl_commit)
+	RegPlaylistSubmit  = 0x002274 // runlist submit: PlaylistSubmitEncode(count) (gf100_runl_commit)
+	RegPlaylistStatus  = 0x00227C // PlaylistPending while an update is in flight (gf100_runl_pending)
+	RegChanTableError  = 0x00252C // channel-table error code (ChanTableErr*), with PFIFOIntrChanTableError (gf100_fifo_intr)
+	RegSchedError      = 0x00254C // scheduler error code, with PFIFOIntrSchedError (gf100_fifo_intr_sched)
+	RegFaultUnitMask   = 0x00259C // MMU fault source mask: bit u = a fault record of unit u; write 1 to release it (gf100_fifo_intr_mmu_fault)
+	RegPBDMAIntrSource = 0x0025A0 // PBDMA interrupt source mask: bit r = PBDMA r; write 1 to clear (gf100_fifo_intr_pbdma)
 	// RegPreempt preempts a channel: write its id; PreemptPending reads set
-	// until the channel's context is off the engines (nouveau
-	// gf100_chan_preempt, gf100_runl_preempt_pending).
+	// until the channel's context is off the engines (gf100_chan_preempt,
+	// gf100_runl_preempt_pending).
 	RegPreempt = 0x002634
-	// RegEngineStatus0 is the first per-engine status register (nouveau
-	// gf100_engn_status: 0x002640 + engine*4): EngineStatusBusy while the
-	// engine holds a channel's context, and that channel's id.
+	// RegEngineStatus0 is the first per-engine status register
+	// (gf100_engn_status: 0x002640 + engine*4); see RegEngineStatus.
 	RegEngineStatus0 = 0x002640
+	// RegFaultRecord0 is the first per-unit MMU fault record (0x2800 + 0x10
+	// * unit: instance, VA low, VA high, type; gf100_fifo_intr_mmu_fault_unit).
+	RegFaultRecord0 = 0x002800
 
-	// sim: MMU fault report, after the shape of Fermi's PFIFO fault-info registers
-	// (0x2800 + unit*0x10). The board keeps one report: the newest fault.
-	RegFaultInst   = 0x002800 // faulting channel's RAMIN >> 12 | FaultValid
-	RegFaultAddrLo = 0x002804 // faulting virtual address bits 31:0
-	RegFaultAddrHi = 0x002808 // faulting virtual address bits 39:32
-	RegFaultStatus = 0x00280C // FaultReason* | channel id << 16 | FaultWrite
+	RegChanTable = 0x003000 // PFIFO channel table: ChanInst(ch), ChanCtl(ch) (gf100_chan_bind, gf100_chan_start)
 
-	RegChanTable = 0x003000 // PFIFO channel table: ChanInst(ch), ChanCtl(ch)
+	// PBDMA ("runq"; envytools PSUBFIFO) r, at + PBDMAStride*r (gf100_runq_intr)
+	RegPBDMAMethod0 = 0x0400C0 // CACHE[0].ADDR: PBDMAMethod* fields
+	RegPBDMAData0   = 0x0400C4 // CACHE[0].DATA
+	RegPBDMAIntr0   = 0x040108 // INTR: PBDMAIntr* bits, write 1 to clear
+	RegPBDMAIntrEn0 = 0x04010C // INTR_EN (gf100_runq_init writes 0xfffffeff)
+	RegPBDMAChan0   = 0x040120 // bits 6:0 the channel id, bit 8 active
+	PBDMAStride     = 0x2000
+	NumPBDMAs       = 3 // gf100_fifo_runq_nr on a GF100
 
 	// PBUS flush of posted writes to VRAM
 	RegFlush = 0x070000 // write FlushTrigger; FlushBusy reads set until done
@@ -45,194 +58,99 @@ const (
 	RegTimerLow  = 0x009400 // nanoseconds bits 31:0
 	RegTimerHigh = 0x009410 // nanoseconds bits 63:32
 
-	// Memory controller (what the driver is told about VRAM size)
+	// Memory controller (what the driver is told about VRAM size;
+	// nvkm/subdev/fb/ramgf100.c gf100_ram_ctor)
 	RegMemPartCount  = 0x022438 // number of memory partitions (FBPs)
-	RegMemPartMask   = 0x022554 // mask of disabled partitions
-	RegMemLTCCount   = 0x121C74 // sim: partition count as the L2 (LTC) block sees it
+	RegMemPartMask   = 0x022554 // mask of disabled partitions (FBPA)
+	RegMemLTCCount   = 0x121C74 // PRIV-ring ROP/FBP count (nvkm/subdev/privring/gf100.c "ropnr")
 	RegMemPartSize0  = 0x11020C // partition 0 size in MiB; partition i at + MemPartStride*i
 	MemPartStride    = 0x1000
 	MaxMemPartitions = 16
 	// MemPartSizeShift: a partition size register counts MiB (nouveau
 	// gf100 RAM: size = rd32(0x11020c + fbp*0x1000) << 20).
 	MemPartSizeShift = 20
+	// RegVRAMPartSizeOld is the per-partition VRAM size in MiB early nouveau
+	// read (nvc0_vram_init: rd32(0x10f20c) << 20 × rd32(0x121c74)).
+	RegVRAMPartSizeOld = 0x10F20C
 
-	// PFB MMU
-	RegMMUStatus       = 0x100C80 // MMUStatus*: free flush slots / flush done
-	RegTLBFlushPD      = 0x100CB8 // TLB flush: page-directory address >> 8
-	RegTLBFlushTrigger = 0x100CBC // TLB flush: TLBFlushTrigger | TLBFlushType*
+	// PFB MMU (nvkm/subdev/mmu/vmmgf100.c, nvkm/subdev/fb/gf100.c)
+	RegSysmemFlushPage = 0x100C10 // a host (bus) address >> 8 of the page FB flushes write (gf100_fb_sysmem_flush_page_init)
+	RegMMUStatus       = 0x100C80 // MMUStatus*: PRI FIFO space / empty (gf100_vmm_invalidate)
+	RegTLBFlushPD      = 0x100CB8 // TLB invalidate page directory: TLBFlushPDEncode (gf100_vmm_invalidate_pdb)
+	RegTLBFlushTrigger = 0x100CBC // TLB invalidate trigger: TLBFlushTrigger | TLBFlush* type bits (gf100_vmm_flush)
 
-	// Copy engines (PCOPY): channel instance bound to the engine
-	RegCopy0InstLo = 0x104050
-	RegCopy0InstHi = 0x104054
-	RegCopy1InstLo = 0x105050
-	RegCopy1InstHi = 0x105054
+	// Copy engines (falcons at 0x104000 + 0x1000*i): CHANNEL_CUR /
+	// CHANNEL_NEXT (envytools rnndb/falcon.xml; nvkm_falcon_intr reads CUR)
+	RegCE0ChanCur  = 0x104050
+	RegCE0ChanNext = 0x104054
+	RegCE1ChanCur  = 0x105050
+	RegCE1ChanNext = 0x105054
 
 	// PGRAPH
-	RegPGRAPHStatus = 0x400700 // non-zero while the graphics/compute engine is busy
+	RegPGRAPHStatus    = 0x400700 // non-zero while the graphics/compute engine is busy (gf100_gr_wait_idle)
+	RegGPCMMUDebugWr   = 0x4188B4 // GPC MMU debug write buffer: VRAM address >> 8 (gf100_gr_init_gpc_mmu)
+	RegGPCMMUDebugRd   = 0x4188B8 // GPC MMU debug read buffer: VRAM address >> 8
+	RegFECSData        = 0x409500 // FECS command data (an instance word for FECSCmdSetChan/BindPointer/WFIGoldenSave)
+	RegFECSCmd         = 0x409504 // FECS command (FECSCmd*)
+	RegFECSStatus      = 0x409800 // FECS mailbox (CC_SCRATCH 0); FECSDone set when a command completed
+	RegFECSReglistData = 0x409810 // FECS mailbox 4: reglist instance / VA for commands 0x31/0x32
+	RegFECSClear       = 0x409840 // CC_SCRATCH_CLR: write 1s to clear bits of RegFECSStatus
+	RegFECSChanAddr    = 0x409B00 // FECS CHAN_ADDR: the current context's instance word | FECSChanValid (gf100_gr_intr)
+	RegFECSChanNext    = 0x409B04 // FECS CHAN_NEXT
 
-	// FECS (the PGRAPH context-switch firmware) command interface
-	RegFECSData   = 0x409500 // command data (for bind: FECSBindValid | RAMIN >> 12)
-	RegFECSCmd    = 0x409504 // command (FECSCmd*)
-	RegFECSStatus = 0x409800 // mailbox; FECSDone set when a command completed
-	RegFECSClear  = 0x409840 // write 1s to clear bits of RegFECSStatus
-
-	// PRAMIN: a 1 MiB window into VRAM at RegPRAMINWindow << 16.
+	// PRAMIN: a 1 MiB window into VRAM at the RegPRAMINWindow base.
 	PRAMINBase = 0x700000
 	PRAMINSize = 0x100000
 )
 
-// Field encodings of the registers above.
+// Field encodings of PBUS, PGRAPH and FECS registers.
 const (
-	PRAMINWindowShift = 16
-
-	// BAR instance registers (0x1704, 0x1714): nouveau writes 0x80000000 | inst>>12
-	// for BAR1 and 0xc0000000 | inst>>12 for BAR3.
-	BARInstValid   = 0x80000000
-	BARInstBAR3Bit = 0x40000000
-	BARInstMask    = 0x0FFFFFFF
-
-	PollAreaEnable = 0x10000000
+	PollAreaEnable = 0x10000000 // RegPollArea bit 28 (gf100_fifo_init: 0x10000000 | bar1 >> 12)
 	PollAreaMask   = 0x0FFFFFFF
-
-	PlaylistCountMask = 0x00000FFF
-	PlaylistEngineAll = 0x01F00000 // the engine mask nouveau writes beside the count
-	PlaylistPending   = 0x00100000
-	PlaylistEntrySize = 8
-	// PlaylistEntryWord1 is the second word of a playlist entry (the first
-	// is the channel id), as nouveau's gf100_runl_insert_chan writes it.
-	PlaylistEntryWord1 = 0x00000004
-
-	PFIFOIntrMMUFault = 0x10000000
-	PFIFOIntrChanErr  = 0x00000100 // sim: a channel stopped on a method or watchdog error
-
-	FaultValid      = 0x80000000
-	FaultWrite      = 0x00000080
-	FaultReasonMask = 0x0000000F
-	FaultChanShift  = 16
-	FaultChanMask   = 0x7F
 
 	FlushTrigger = 0x00000001
 	FlushBusy    = 0x00000002
 
-	MMUStatusFreeSlots = 0x00FF0000 // non-zero when the MMU accepts a TLB flush
-	MMUStatusFlushDone = 0x00008000 // set when the last TLB flush completed
-
-	TLBFlushTrigger   = 0x80000000
-	TLBFlushTypeVM    = 0x00000001 // flush the VM whose page directory is in RegTLBFlushPD
-	TLBFlushTypeBARVM = 0x00000004 // or'ed in for the BAR1/BAR3 VMs (nouveau writes 5)
-	TLBFlushPDShift   = 8
-
-	CopyInstValid = 0x80000000 // RegCopyNInstLo: valid | RAMIN >> 12
+	// MMUStatusFreeSlots: nouveau waits for these bits to be non-zero before
+	// a TLB invalidate (PRI FIFO space); MMUStatusFlushDone after it (PRI
+	// FIFO empty) (gf100_vmm_invalidate).
+	MMUStatusFreeSlots = 0x00FF0000
+	MMUStatusFlushDone = 0x00008000
 
 	// PGRAPHStatusBusy is what RegPGRAPHStatus reads while a kernel runs.
 	PGRAPHStatusBusy = 0x00000001
-	// PreemptPending is set in RegPreempt while a preempt is in progress;
-	// the low bits read back the channel id written.
-	PreemptPending  = 0x00100000
-	PreemptChanMask = 0x0000007F
 
-	// EngineStatusBusy and EngineStatusChanMask decode RegEngineStatus(e)
-	// (nouveau gf100_engn_status: busy 0x10000000, chid 0x7f).
-	EngineStatusBusy     = 0x10000000
-	EngineStatusChanMask = 0x0000007F
-
-	FECSCmdBindPointer = 0x00000003 // bind a channel's graphics/compute context
-	FECSBindValid      = 0x80000000
-	FECSDone           = 0x00000010
+	// FECS commands on RegFECSCmd (nouveau gr/gf100.c for NVIDIA's
+	// firmware; gr/fuc/hub.fuc for nouveau's own).
+	FECSCmdSetChan       = 0x01 // nouveau firmware: set the channel (data: physical instance word)
+	FECSCmdSave          = 0x02 // nouveau firmware: save the current context
+	FECSCmdBindPointer   = 0x03 // bind a channel's context (data: physical instance word)
+	FECSCmdHalt          = 0x04 // halt the pipeline
+	FECSCmdWFIGoldenSave = 0x09 // wait for idle and save the golden context (data: physical instance word)
+	FECSCmdImageSize     = 0x10 // discover the context image size
+	FECSCmdZcullSize     = 0x16
+	FECSCmdWatchdog      = 0x21 // set the watchdog timeout (data: a time, not an address)
+	FECSCmdPMSize        = 0x25
+	FECSCmdReglistSize   = 0x30
+	FECSCmdReglistInst   = 0x31 // data in RegFECSReglistData: an instance word
+	FECSCmdReglistVA     = 0x32 // data in RegFECSReglistData: a VA >> 8
+	FECSCmdStopCtxsw     = 0x38 // stop context switching (for every channel)
+	FECSCmdStartCtxsw    = 0x39
+	FECSBindValid        = 0x80000000 // FECS instance words: 0x80000000 | inst >> 12
+	FECSChanValid        = 0x80000000 // RegFECSChanAddr bit 31
+	FECSDone             = 0x00000010 // sim: the mailbox bit the board sets when a command completed
 )
 
-// Fault reasons (RegFaultStatus bits 3:0).
-const (
-	FaultReasonPDE      = 0x1 // no page table at that address
-	FaultReasonPTE      = 0x2 // page not present
-	FaultReasonReadOnly = 0x3 // write to a read-only page
-	FaultReasonLimit    = 0x4 // beyond the address-space limit (RAMIN +0x208)
-	FaultReasonTarget   = 0x5 // the target (VRAM or system memory) has nothing at that address
-	FaultReasonMethod   = 0x6 // sim: invalid method or class on the channel
-	FaultReasonKilled   = 0x7 // sim: channel stopped by the hypervisor (its watchdog); only a vGPU reports it
-)
-
-// FaultReasonName names a fault reason for error messages.
-func FaultReasonName(r uint32) string {
-	switch r {
-	case FaultReasonPDE:
-		return "page directory entry not present"
-	case FaultReasonPTE:
-		return "page table entry not present"
-	case FaultReasonReadOnly:
-		return "write to read-only page"
-	case FaultReasonLimit:
-		return "address beyond address-space limit"
-	case FaultReasonTarget:
-		return "no memory at physical target"
-	case FaultReasonMethod:
-		return "invalid method"
-	case FaultReasonKilled:
-		return "channel killed"
-	}
-	return "unknown fault"
-}
-
-// Channel table layout: two words per channel from RegChanTable.
-const (
-	ChanTableStride = 8
-	MaxChannels     = 128
-
-	ChanInstValid = 0x80000000
-	ChanInstVRAM  = 0x40000000 // RAMIN lives in VRAM (nouveau writes 0xc0000000 | inst>>12)
-	ChanInstMask  = 0x0FFFFFFF
-
-	ChanCtlEnable  = 0x00000001
-	ChanCtlDefault = 0x001F0001 // what nouveau writes to enable a channel
-	// sim: the board reports a faulted channel in bit 28 of the
-	// control word; the driver reads it to turn a hung fence into an error.
-	ChanCtlFaulted = 0x10000000
-	ChanCtlBusy    = 0x01000000 // sim: the channel has unfetched GPFIFO entries or a running command
-)
-
-// ChanInst returns the BAR0 offset of channel ch's instance word.
-func ChanInst(ch int) uint32 { return RegChanTable + uint32(ch)*ChanTableStride }
-
-// ChanCtl returns the BAR0 offset of channel ch's control word.
-func ChanCtl(ch int) uint32 { return RegChanTable + uint32(ch)*ChanTableStride + 4 }
-
-// ChanFromTableOffset reports which channel and which word (0 instance, 1 control)
-// a BAR0 offset in the channel table addresses.
-func ChanFromTableOffset(off uint32) (ch int, word int, ok bool) {
-	if off < RegChanTable || off >= RegChanTable+MaxChannels*ChanTableStride || off%4 != 0 {
-		return 0, 0, false
-	}
-	rel := off - RegChanTable
-	return int(rel / ChanTableStride), int(rel%ChanTableStride) / 4, true
-}
-
-// PFIFO engine ids, the index of RegEngineStatus (nouveau
-// gf100_fifo_runl_ctor: GR 0, MSPDEC 1, MSPPP 2, MSVLD 3, CE0 4, CE1 5).
-const (
-	EngineGR  = 0
-	EngineCE0 = 4
-	EngineCE1 = 5
-)
-
-// RegEngineStatus returns the BAR0 offset of PFIFO engine e's status word.
-func RegEngineStatus(e int) uint32 { return RegEngineStatus0 + uint32(e)*4 }
+// TimerSplit splits a nanosecond time into the PTIMER low and high words.
+func TimerSplit(ns uint64) (lo, hi uint32) { return uint32(ns), uint32(ns >> 32) }
 
 // MemPartSize returns the BAR0 offset of memory partition i's size register.
 func MemPartSize(i int) uint32 { return RegMemPartSize0 + uint32(i)*MemPartStride }
 
-// InstEncode encodes a 4 KiB-aligned RAMIN address for the channel table, BAR
-// instance, copy-engine and FECS registers (address >> 12 under the given flags).
-func InstEncode(addr uint64, flags uint32) uint32 {
-	return flags | uint32(addr>>PageShift)&ChanInstMask
-}
+// RegCEChanCur and RegCEChanNext return copy engine i's CHANNEL_CUR and
+// CHANNEL_NEXT registers.
+func RegCEChanCur(i int) uint32  { return RegCE0ChanCur + uint32(i)*0x1000 }
+func RegCEChanNext(i int) uint32 { return RegCE0ChanNext + uint32(i)*0x1000 }
 
-// InstDecode returns the RAMIN address held in an instance word.
-func InstDecode(v uint32) uint64 { return uint64(v&ChanInstMask) << PageShift }
-
-// PlaylistSubmitEncode encodes the playlist-submit register for count entries.
-func PlaylistSubmitEncode(count int) uint32 {
-	return PlaylistEngineAll | uint32(count)&PlaylistCountMask
-}
-
-// TimerSplit splits a nanosecond time into the PTIMER low and high words.
-func TimerSplit(ns uint64) (lo, hi uint32) { return uint32(ns), uint32(ns >> 32) }
+// NumCopyEngines is the number of PCOPY engines (CE0 and CE1).
+const NumCopyEngines = 2

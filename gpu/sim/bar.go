@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"time"
 
 	"sync/atomic"
@@ -81,27 +82,45 @@ type barCache struct {
 	vm        *vm
 }
 
-// barVM returns the address space behind BAR1 or BAR3, or nil if its
-// instance register is not valid. The RAMIN is read at every access, so a
-// rewrite of its page directory or limit takes effect at once.
-func (b *Board) barVM(bar int) *vm {
+// barMapping is how a BAR reaches memory: through the address space of its
+// instance block (vm), or, with the instance register's MODE bit clear, as
+// a window straight onto VRAM (direct) — how a GF100 comes out of reset.
+type barMapping struct {
+	vm     *vm
+	direct bool
+	inst   uint32 // the instance register
+}
+
+// barMap returns how BAR1 or BAR3 maps. The RAMIN is read at every access,
+// so a rewrite of its page directory or limit takes effect at once. ok is
+// false if the instance register names memory the board refuses (not VRAM).
+func (b *Board) barMap(bar int) (m barMapping, ok bool) {
 	inst, cache := &b.r.bar1Inst, &b.r.bar1VM
 	if bar == nvc0.BAR3 {
 		inst, cache = &b.r.bar3Inst, &b.r.bar3VM
 	}
 	reg := inst.Load()
-	if reg&nvc0.BARInstValid == 0 {
-		return nil
+	m.inst = reg
+	if reg&nvc0.BARInstModeVM == 0 {
+		m.direct = true
+		return m, true
+	}
+	if nvc0.InstTarget(reg) != nvc0.MemTargetVRAM {
+		return m, false
 	}
 	ramin := nvc0.InstDecode(reg)
-	pd := b.vramRead64(ramin + nvc0.RAMINPageDir)
+	pd, target := nvc0.RAMINAddrDecode(b.vramRead32(ramin+nvc0.RAMINPageDir), b.vramRead32(ramin+nvc0.RAMINPageDir+4))
+	if target != nvc0.MemTargetVRAM {
+		return m, false
+	}
 	limit := b.vramRead64(ramin + nvc0.RAMINAddrLimit)
 	if c := cache.Load(); c != nil && c.inst == reg && c.pd == pd && c.limit == limit {
-		return c.vm
+		m.vm = c.vm
+		return m, true
 	}
-	v := &vm{as: b.mmu.space(pd, true), pd: pd, limit: limit}
-	cache.Store(&barCache{inst: reg, pd: pd, limit: limit, vm: v})
-	return v
+	m.vm = &vm{as: b.mmu.space(pd, true), pd: pd, limit: limit}
+	cache.Store(&barCache{inst: reg, pd: pd, limit: limit, vm: m.vm})
+	return m, true
 }
 
 func barSize(bar int) uint64 {
@@ -111,19 +130,45 @@ func barSize(bar int) uint64 {
 	return nvc0.BAR3Size
 }
 
+// barFault counts a failed BAR access and, for a translation fault, files
+// an MMU fault record for the BAR's unit as a GF100 does.
+func (b *Board) barFault(bar int, m barMapping, err error) {
+	b.st.barFaults.Add(1)
+	var fe *faultError
+	if !errors.As(err, &fe) {
+		return
+	}
+	unit, client := nvc0.FaultUnitBAR1, uint32(nvc0.FaultClientBARRead)
+	if bar == nvc0.BAR3 {
+		unit = nvc0.FaultUnitBAR3
+	}
+	if fe.write {
+		client = nvc0.FaultClientBARWrite
+	}
+	fe.src = &faultSource{unit: unit, client: client, hub: true}
+	b.reportFault(m.inst&nvc0.ChanInstMask, fe)
+}
+
 func (b *Board) barRead(bar int, off uint64) uint32 {
 	if off >= barSize(bar) || off%4 != 0 {
 		b.st.barFaults.Add(1)
 		return 0
 	}
-	v := b.barVM(bar)
-	if v == nil {
+	m, ok := b.barMap(bar)
+	switch {
+	case !ok:
 		b.st.barFaults.Add(1)
 		return 0
+	case m.direct:
+		val, ok := b.physRead32(phys{addr: off})
+		if !ok {
+			b.st.barFaults.Add(1)
+		}
+		return val
 	}
-	val, err := b.vmRead32(v, off)
+	val, err := b.vmRead32(m.vm, off)
 	if err != nil {
-		b.st.barFaults.Add(1)
+		b.barFault(bar, m, err)
 		return 0
 	}
 	return val
@@ -134,10 +179,18 @@ func (b *Board) barWrite(bar int, off uint64, val uint32) {
 		b.st.barFaults.Add(1)
 		return
 	}
-	if v := b.barVM(bar); v == nil {
+	m, ok := b.barMap(bar)
+	switch {
+	case !ok:
 		b.st.barFaults.Add(1)
-	} else if err := b.vmWrite32(v, off, val); err != nil {
-		b.st.barFaults.Add(1)
+	case m.direct:
+		if !b.physWrite32(phys{addr: off}, val) {
+			b.st.barFaults.Add(1)
+		}
+	default:
+		if err := b.vmWrite32(m.vm, off, val); err != nil {
+			b.barFault(bar, m, err)
+		}
 	}
 	if bar != nvc0.BAR1 {
 		return

@@ -65,7 +65,7 @@ func BenchmarkCopyEngine(b *testing.B) {
 			} else {
 				c.s.mapVRAM(dst, size)
 			}
-			cmd := cat(bind(0, nvc0.ClassFermiCopy), copyCmd(0, vramVA, dst, 0, 0, size, 1))
+			cmd := cat(bind(0, nvc0.ClassFermiCopy), copyCmd(0, vramVA, dst, nvc0.PageSize, nvc0.PageSize, nvc0.PageSize, size/nvc0.PageSize))
 			b.SetBytes(size)
 			for b.Loop() {
 				c.push(cmd...)

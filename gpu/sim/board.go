@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu"
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -92,8 +93,9 @@ type Board struct {
 
 	chans   []*channel
 	fifo    fifoState
+	intr    *errreport.Reports
 	compute *engine
-	copy    *engine
+	ce      [nvc0.NumCopyEngines]*engine
 }
 
 var _ gpu.MMIO = (*Board)(nil)
@@ -115,6 +117,7 @@ func New(cfg Config) (*Board, error) {
 		vram:   v,
 		ctx:    ctx,
 		cancel: cancel,
+		intr:   errreport.New(maxQueued),
 	}
 	b.mmu = newMMU(b)
 	b.chans = make([]*channel, cfg.Channels)
@@ -122,7 +125,8 @@ func New(cfg Config) (*Board, error) {
 		b.chans[i] = newChannel(b, i)
 	}
 	b.compute = b.startEngine("compute", 1, &b.r.pgraphBusy)
-	b.copy = b.startEngine("copy", numCopyEngines, nil)
+	b.ce[0] = b.startEngine("CE0", 1, nil)
+	b.ce[1] = b.startEngine("CE1", 1, nil)
 	b.regs = b.buildRegs()
 	return b, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -119,11 +120,17 @@ func TestRegisters(t *testing.T) {
 	if t1 < t0 || t1 == 0 {
 		t.Errorf("PTIMER went %d -> %d", t0, t1)
 	}
-	// PFIFO_INTR is write-1-to-clear.
-	b.r.pfifoIntr.Store(nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr)
-	wr(nvc0.RegPFIFOIntr, nvc0.PFIFOIntrChanErr)
+	// PFIFO_INTR: latched bits are write-1-to-clear; the MMU-fault bit
+	// follows the fault records and is not cleared by a write.
+	b.intr.SchedError(1)
+	b.intr.AddFault(nvc0.FaultUnitGR, errreport.Fault{Inst: 1})
+	wr(nvc0.RegPFIFOIntr, nvc0.PFIFOIntrSchedError|nvc0.PFIFOIntrMMUFault)
 	if got := rd(nvc0.RegPFIFOIntr); got != nvc0.PFIFOIntrMMUFault {
 		t.Errorf("PFIFO_INTR after w1c = %#x", got)
+	}
+	wr(nvc0.RegFaultUnitMask, 1<<nvc0.FaultUnitGR)
+	if got := rd(nvc0.RegPFIFOIntr); got != 0 {
+		t.Errorf("PFIFO_INTR after the record's release = %#x", got)
 	}
 	// Flush completes at once.
 	wr(nvc0.RegFlush, nvc0.FlushTrigger)
@@ -149,10 +156,36 @@ func TestRegisters(t *testing.T) {
 	if rd(nvc0.RegFECSStatus)&nvc0.FECSDone != 0 {
 		t.Error("FECS done not cleared")
 	}
-	// Copy-engine instance registers are storage.
-	wr(nvc0.RegCopy1InstLo, nvc0.InstEncode(0x3000, nvc0.CopyInstValid))
-	if rd(nvc0.RegCopy1InstLo) != nvc0.InstEncode(0x3000, nvc0.CopyInstValid) {
-		t.Error("copy inst not stored")
+	// FECS size queries answer in the mailbox; address-carrying commands
+	// are recorded.
+	wr(nvc0.RegFECSStatus, 0)
+	wr(nvc0.RegFECSCmd, nvc0.FECSCmdImageSize)
+	if rd(nvc0.RegFECSStatus) != fecsImageSize {
+		t.Errorf("FECS image size %#x", rd(nvc0.RegFECSStatus))
+	}
+	wr(nvc0.RegFECSData, ctx|0x10)
+	wr(nvc0.RegFECSCmd, nvc0.FECSCmdWFIGoldenSave)
+	wr(nvc0.RegFECSReglistData, 0x1234)
+	wr(nvc0.RegFECSCmd, nvc0.FECSCmdReglistVA)
+	if rec := b.FECSAddresses(); rec.Golden != ctx|0x10 || rec.ReglistVA != 0x1234 {
+		t.Errorf("FECS record %+v", rec)
+	}
+	// The copy engines' CHANNEL_CUR shows no channel until one runs; the
+	// host cannot write it.
+	wr(uint64(nvc0.RegCEChanCur(1)), nvc0.InstEncode(0x3000, nvc0.CEChanValid))
+	if rd(uint64(nvc0.RegCEChanCur(1))) != 0 || rd(nvc0.RegFECSChanAddr) != 0 {
+		t.Error("CE CHANNEL_CUR or FECS CHAN_ADDR set while idle")
+	}
+	// Old nouveau sized VRAM from 0x10f20c × 0x121c74.
+	if got := uint64(rd(nvc0.RegVRAMPartSizeOld)) * uint64(rd(nvc0.RegMemLTCCount)) * mib; got != b.VRAMSize() {
+		t.Errorf("0x10f20c × 0x121c74 = %#x", got)
+	}
+	// Item-10 registers are storage.
+	for _, off := range []uint64{nvc0.RegSysmemFlushPage, nvc0.RegGPCMMUDebugWr, nvc0.RegGPCMMUDebugRd} {
+		wr(off, 0xabc00)
+		if rd(off) != 0xabc00 {
+			t.Errorf("%#x not stored", off)
+		}
 	}
 	if rd(nvc0.RegPGRAPHStatus) != 0 {
 		t.Error("PGRAPH busy while idle")

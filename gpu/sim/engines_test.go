@@ -29,8 +29,8 @@ func TestCopyEngine(t *testing.T) {
 		pitchIn, pitchOut, lineLen uint32
 		lines                      uint32
 	}{
-		{"vram to sys linear", false, true, 0, 0, size, 1},
-		{"sys to vram linear", true, false, 0, 0, size, 1},
+		{"vram to sys linear", false, true, nvc0.PageSize, nvc0.PageSize, nvc0.PageSize, size / nvc0.PageSize}, // as nvc0_bo_move_copy
+		{"sys to vram linear", true, false, size / 2, size / 2, size / 2, 2},
 		{"vram to vram pitched", false, false, 1000, 600, 500, 50},
 		{"sys to sys pitched", true, true, 4096, 5000, 4097, 10},
 	} {
@@ -87,13 +87,10 @@ func TestCopyEngineFault(t *testing.T) {
 	c.s.mapVRAM(vramVA+0x10000, nvc0.PageSize)
 	c.s.mapPage(vramVA+0x11000, ro, nvc0.TargetVRAM, false, true)
 	c.push(cat(bind(0, nvc0.ClassFermiCopy), copyCmd(0, vramVA, vramVA+0x10000, 0, 0, 2*nvc0.PageSize, 1))...)
-	c.mustFault()
-	st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
-	if st&nvc0.FaultReasonMask != nvc0.FaultReasonReadOnly || st&nvc0.FaultWrite == 0 {
-		t.Fatalf("fault status %#x", st)
-	}
-	if lo := r.b.Read32(nvc0.BAR0, nvc0.RegFaultAddrLo); lo != vramVA+0x11000 {
-		t.Fatalf("fault address %#x", lo)
+	rp := c.mustFaultReason(nvc0.FaultReasonReadOnly)
+	want := uint32(nvc0.FaultReasonReadOnly | nvc0.FaultTypeWrite | nvc0.FaultTypeHub | nvc0.FaultClientPCOPY0<<nvc0.FaultTypeClientShift)
+	if rp.unit != nvc0.FaultUnitCE0 || rp.typ != want || rp.va != vramVA+0x11000 {
+		t.Fatalf("%v, want unit CE0 type %#x at %#x", rp, want, vramVA+0x11000)
 	}
 }
 
@@ -167,21 +164,26 @@ func TestKernelFaults(t *testing.T) {
 		id     nvc0.KernelID
 		magic  uint32
 		params func(va, vb, vc uint64) []uint64
-		reason uint32
+		fault  bool // an MMU fault of GR (else ILLEGAL_MTHD on PBDMA 0)
 	}{
-		{"bad magic", nvc0.KernelMadd, 0x1234, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, vc, 4} }, nvc0.FaultReasonMethod},
-		{"unknown kernel", 99, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return nil }, nvc0.FaultReasonMethod},
-		{"bad params", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va} }, nvc0.FaultReasonMethod},
-		{"output unmapped", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, 0x48800000, 4} }, nvc0.FaultReasonPTE},
+		{"bad magic", nvc0.KernelMadd, 0x1234, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, vc, 4} }, false},
+		{"unknown kernel", 99, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return nil }, false},
+		{"bad params", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va} }, false},
+		{"output unmapped", nvc0.KernelMadd, nvc0.KernelMagic, func(va, vb, vc uint64) []uint64 { return []uint64{va, vb, 0x48800000, 4} }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			c := r.newChan(0, nil)
 			_, _, va, vb, vc, _ := maddSetup(r, c, 4)
 			c.push(kernelLaunch(r, c, tc.id, tc.magic, tc.params(va, vb, vc)...)...)
-			c.mustFault()
-			if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != tc.reason {
-				t.Fatalf("fault status %#x, want reason %d", st, tc.reason)
+			if tc.fault {
+				if rp := c.mustFaultReason(nvc0.FaultReasonPageNotPresent); rp.unit != nvc0.FaultUnitGR || rp.typ&nvc0.FaultTypeHub != 0 {
+					t.Fatalf("%v, want a GR (GPC) fault", rp)
+				}
+				return
+			}
+			if rp := c.mustMethodError(nvc0.PBDMAIntrIllegalMthd); rp.unit != nvc0.PBDMAGR || rp.mthd&nvc0.PBDMAMethodMask != nvc0.ComputeMthdLaunch {
+				t.Fatalf("%v, want ILLEGAL_MTHD at LAUNCH on PBDMA 0", rp)
 			}
 		})
 	}
@@ -264,8 +266,8 @@ func TestPreemptDropsQueuedEngineOperation(t *testing.T) {
 	if r.r32(pa) != 0 {
 		t.Error("the preempted channel kept executing methods")
 	}
-	if c.ctl()&nvc0.ChanCtlFaulted != 0 {
-		t.Error("a preempt reported a fault")
+	if rp, ok := c.report(); ok {
+		t.Errorf("a preempt reported an error: %v", rp)
 	}
 }
 
@@ -336,10 +338,7 @@ func TestUnregisterWaitsForDMA(t *testing.T) {
 	if err := unix.Munmap(mem); err != nil {
 		t.Fatal(err)
 	}
-	c.mustFault()
-	if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != nvc0.FaultReasonTarget {
-		t.Errorf("fault status %#x, want a target fault", st)
-	}
+	c.mustFaultReason(nvc0.FaultReasonNoMemory)
 }
 
 // TestFlushOrdersAfterWalks: a TLB flush completes only after the page
@@ -354,7 +353,7 @@ func TestFlushOrdersAfterWalks(t *testing.T) {
 	pb := r.alloc(nvc0.PageSize, nvc0.PageSize)
 	r.w32(pa, 1)
 	r.w32(pb, 2)
-	v := r.b.vmFromRAMIN(c.ramin, false)
+	v, _ := r.b.vmFromRAMIN(c.ramin, false)
 	walked, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	r.b.afterWalk = func() {
@@ -372,7 +371,7 @@ func TestFlushOrdersAfterWalks(t *testing.T) {
 	c.s.mapPage(vramVA, pb, nvc0.TargetVRAM, false, false)
 	flushed := make(chan struct{})
 	go func() {
-		r.b.mmu.flush(v.pd, true, false)
+		r.b.mmu.flush(v.pd, nvc0.TLBFlushTypeVM)
 		close(flushed)
 	}()
 	select {

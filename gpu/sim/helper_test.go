@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/binary"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ func newRigConfig(t testing.TB, cfg Config) *rig {
 	r := &rig{t: t, b: b, next: 1 << 20}
 	r.pl = r.alloc(nvc0.PageSize, nvc0.PageSize)
 	r.bar1 = r.newSpace(nvc0.BAR1Size - 1)
-	r.b.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(r.bar1.ramin, nvc0.BARInstValid))
+	r.b.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(r.bar1.ramin, nvc0.BARInstModeVM))
 	r.b.Write32(nvc0.BAR0, nvc0.RegPollArea, testPollBase>>nvc0.PageShift|nvc0.PollAreaEnable)
 	return r
 }
@@ -98,9 +99,9 @@ func (r *rig) hostRead(addr uint64, n int) []byte {
 func (r *rig) flushTLB(pd uint64, bar bool) {
 	typ := uint32(nvc0.TLBFlushTypeVM)
 	if bar {
-		typ |= nvc0.TLBFlushTypeBARVM
+		typ = nvc0.TLBFlushTypeBAR
 	}
-	r.b.Write32(nvc0.BAR0, nvc0.RegTLBFlushPD, uint32(pd>>nvc0.TLBFlushPDShift))
+	r.b.Write32(nvc0.BAR0, nvc0.RegTLBFlushPD, nvc0.TLBFlushPDEncode(pd))
 	r.b.Write32(nvc0.BAR0, nvc0.RegTLBFlushTrigger, nvc0.TLBFlushTrigger|typ)
 }
 
@@ -240,6 +241,7 @@ const (
 	chanRingVA = 0x10000000 // GPFIFO rings, one page per channel id
 	chanPBVA   = 0x20000000 // push buffers, chanPBSize per channel id
 	chanDataVA = 0x40000000 // free for tests
+	chanCtxVA  = 0x30000000 // engine contexts: one page per channel id (GR, CE0, CE1 at 0x100 apart)
 	chanLog2   = 6          // 64 GPFIFO entries
 	chanPBSize = 64 * nvc0.PageSize
 )
@@ -255,6 +257,7 @@ type tchan struct {
 	pbPA   uint64
 	pbNext uint64
 	put    uint32
+	ctxPA  uint64 // the engine contexts' page
 }
 
 func (r *rig) newChan(id int, s *space) *tchan {
@@ -266,16 +269,29 @@ func (r *rig) newChan(id int, s *space) *tchan {
 	c.s.writeRAMIN(c.ramin)
 	c.user = r.alloc(nvc0.UserAreaSize, nvc0.PageSize)
 	r.bar1.mapPage(c.pollVA(), c.user, nvc0.TargetVRAM, false, false)
-	r.w32(c.ramin+nvc0.RAMINUserLo, uint32(c.user))
-	r.w32(c.ramin+nvc0.RAMINUserHi, uint32(c.user>>32))
+	r.w32(c.ramin+nvc0.RAMINSignature, nvc0.RAMINSignatureValue)
+	lo, hi := nvc0.RAMINAddrEncode(c.user)
+	r.w32(c.ramin+nvc0.RAMINUserLo, lo)
+	r.w32(c.ramin+nvc0.RAMINUserHi, hi)
+	c.ctxPA = c.s.mapVRAM(c.ctxVA(0), nvc0.PageSize)
+	for i, off := range []uint64{nvc0.RAMINEngineGR, nvc0.RAMINEngineCE0, nvc0.RAMINEngineCE1} {
+		lo, hi := nvc0.RAMINEngineEncode(c.ctxVA(i))
+		r.w32(c.ramin+off, lo)
+		r.w32(c.ramin+off+4, hi)
+	}
 	c.ringPA = c.s.mapVRAM(c.ringVA(), (1<<chanLog2)*nvc0.GPFIFOEntrySize)
 	r.w32(c.ramin+nvc0.RAMINGPFIFOLo, uint32(c.ringVA()))
 	r.w32(c.ramin+nvc0.RAMINGPFIFOHi, nvc0.GPFIFOHiEncode(c.ringVA(), chanLog2))
 	c.pbPA = c.s.mapVRAM(c.pbVA(), chanPBSize)
-	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(id)), nvc0.InstEncode(c.ramin, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(id)), nvc0.InstEncode(c.ramin, nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(id)), nvc0.ChanCtlDefault)
 	r.addToPlaylist(id)
 	return c
+}
+
+// ctxVA is the virtual address of engine context i (0 GR, 1 CE0, 2 CE1).
+func (c *tchan) ctxVA(i int) uint64 {
+	return chanCtxVA + uint64(c.id)*nvc0.PageSize + uint64(i)*nvc0.EngineContextSize
 }
 
 func (c *tchan) ringVA() uint64 { return chanRingVA + uint64(c.id)*nvc0.PageSize }
@@ -287,7 +303,7 @@ func (r *rig) submitPlaylist() {
 	for i, ch := range r.list {
 		r.w32(r.pl+uint64(i)*nvc0.PlaylistEntrySize, uint32(ch))
 	}
-	r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistAddr, uint32(r.pl>>nvc0.PageShift))
+	r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistAddr, nvc0.PlaylistAddrEncode(r.pl))
 	r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistSubmit, nvc0.PlaylistSubmitEncode(len(r.list)))
 }
 
@@ -332,16 +348,82 @@ func (c *tchan) gpGet() uint32 { return c.r.b.Read32(nvc0.BAR1, c.pollVA()+nvc0.
 
 func (c *tchan) ctl() uint32 { return c.r.b.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id))) }
 
-// wait waits until the channel has consumed everything or stopped; it
-// reports whether it completed.
+// report is one error report the board presents: an MMU fault record or a
+// PBDMA error.
+type report struct {
+	fault bool
+	unit  int    // fault unit (fault) or PBDMA (method error)
+	inst  uint32 // fault: instance word
+	va    uint64 // fault: address
+	typ   uint32 // fault: type word
+	intr  uint32 // method error: PBDMA INTR
+	mthd  uint32 // method error: method cache word
+	data  uint32 // method error: data
+	chid  uint32 // method error: channel register
+}
+
+func (rp report) reason() uint32 { return rp.typ & nvc0.FaultTypeReasonMask }
+
+func (rp report) String() string {
+	if rp.fault {
+		return fmt.Sprintf("MMU fault unit %#x inst %#x va %#x type %#x (%s)", rp.unit, rp.inst, rp.va, rp.typ, nvc0.FaultReasonName(rp.reason()))
+	}
+	return fmt.Sprintf("PBDMA %d intr %#x method %#x data %#x chan %#x", rp.unit, rp.intr, rp.mthd, rp.data, rp.chid)
+}
+
+// reports returns the reports the board presents (one per unit and PBDMA).
+func (r *rig) reports() []report {
+	rd := func(off uint32) uint32 { return r.b.Read32(nvc0.BAR0, uint64(off)) }
+	var out []report
+	mask := rd(nvc0.RegFaultUnitMask)
+	for u := range nvc0.NumFaultUnits {
+		if mask&(1<<u) != 0 {
+			out = append(out, report{fault: true, unit: u, inst: rd(nvc0.RegFaultInst(u)),
+				va: uint64(rd(nvc0.RegFaultVAHi(u)))<<32 | uint64(rd(nvc0.RegFaultVALo(u))), typ: rd(nvc0.RegFaultType(u))})
+		}
+	}
+	src := rd(nvc0.RegPBDMAIntrSource)
+	for p := range nvc0.NumPBDMAs {
+		if src&(1<<p) != 0 {
+			out = append(out, report{unit: p, intr: rd(nvc0.RegPBDMAIntr(p)), mthd: rd(nvc0.RegPBDMAMethod(p)),
+				data: rd(nvc0.RegPBDMAData(p)), chid: rd(nvc0.RegPBDMAChan(p))})
+		}
+	}
+	return out
+}
+
+// ack releases every presented report.
+func (r *rig) ack() {
+	for _, rp := range r.reports() {
+		if rp.fault {
+			r.b.Write32(nvc0.BAR0, nvc0.RegFaultUnitMask, 1<<rp.unit)
+		} else {
+			r.b.Write32(nvc0.BAR0, uint64(nvc0.RegPBDMAIntr(rp.unit)), rp.intr)
+		}
+	}
+}
+
+// report returns the presented report about this channel, if any.
+func (c *tchan) report() (report, bool) {
+	for _, rp := range c.r.reports() {
+		if rp.fault && rp.inst == nvc0.InstEncode(c.ramin, 0) ||
+			!rp.fault && rp.chid&nvc0.PBDMAChanMask == uint32(c.id) {
+			return rp, true
+		}
+	}
+	return report{}, false
+}
+
+// wait waits until the channel has consumed everything or an error report
+// about it appears; it reports whether it completed.
 func (c *tchan) wait() bool {
 	c.r.t.Helper()
 	deadline := time.Now().Add(hangGuard)
 	for time.Now().Before(deadline) {
-		if c.gpGet() == c.put && c.ctl()&nvc0.ChanCtlBusy == 0 {
+		if c.gpGet() == c.put && c.ctl()&nvc0.ChanCtlPending == 0 {
 			return true
 		}
-		if c.ctl()&nvc0.ChanCtlFaulted != 0 {
+		if _, ok := c.report(); ok {
 			return false
 		}
 		time.Sleep(50 * time.Microsecond)
@@ -353,22 +435,45 @@ func (c *tchan) wait() bool {
 func (c *tchan) mustFinish() {
 	c.r.t.Helper()
 	if !c.wait() {
-		c.r.t.Fatalf("channel %d faulted: status %#x addr %#x", c.id,
-			c.r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus), c.r.b.Read32(nvc0.BAR0, nvc0.RegFaultAddrLo))
+		rp, _ := c.report()
+		c.r.t.Fatalf("channel %d stopped: %v", c.id, rp)
 	}
 }
 
-func (c *tchan) mustFault() {
+// mustFault waits for an error report about the channel and returns it.
+func (c *tchan) mustFault() report {
 	c.r.t.Helper()
 	if c.wait() {
 		c.r.t.Fatalf("channel %d did not fault", c.id)
 	}
+	rp, _ := c.report()
+	return rp
+}
+
+// mustFaultReason waits for an MMU fault of the channel with that reason.
+func (c *tchan) mustFaultReason(reason uint32) report {
+	c.r.t.Helper()
+	rp := c.mustFault()
+	if !rp.fault || rp.reason() != reason {
+		c.r.t.Fatalf("channel %d: %v, want an MMU fault %s", c.id, rp, nvc0.FaultReasonName(reason))
+	}
+	return rp
+}
+
+// mustMethodError waits for a PBDMA error of the channel with that INTR bit.
+func (c *tchan) mustMethodError(intr uint32) report {
+	c.r.t.Helper()
+	rp := c.mustFault()
+	if rp.fault || rp.intr&intr == 0 {
+		c.r.t.Fatalf("channel %d: %v, want PBDMA intr %#x", c.id, rp, intr)
+	}
+	return rp
 }
 
 // Push-buffer snippets.
 
 func semRelease(va uint64, payload uint32) []uint32 {
-	return []uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(va >> 32), uint32(va), payload, nvc0.SemaphoreRelease}
+	return []uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(va >> 32), uint32(va), payload, nvc0.SemaphoreRelease | nvc0.SemaphoreRelease4Byte}
 }
 
 func semAcquire(va uint64, payload uint32, op uint32) []uint32 {
@@ -381,9 +486,9 @@ func bind(subc, class uint32) []uint32 {
 
 func copyCmd(subc uint32, src, dst uint64, pitchIn, pitchOut, lineLen, lines uint32) []uint32 {
 	return []uint32{
-		nvc0.Incr(subc, nvc0.CopyMthdOffsetInHi, 8),
+		nvc0.Incr(subc, nvc0.CopyMthdSrcAddrHi, 8),
 		uint32(src >> 32), uint32(src), uint32(dst >> 32), uint32(dst), pitchIn, pitchOut, lineLen, lines,
-		nvc0.Incr(subc, nvc0.CopyMthdLaunchDMA, 1), nvc0.CopyLaunchPitch,
+		nvc0.Immd(subc, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
 	}
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -18,10 +19,48 @@ import (
 const tlbMaxEntries = 4096
 
 // faultError is a translation or access failure of a GPU virtual address.
+// Its source (the fault unit and client) is set by whoever made the access
+// (withSource); an unset source is PFIFO's own fetch.
 type faultError struct {
 	va     uint64
 	reason uint32 // nvc0.FaultReason*
 	write  bool
+	src    *faultSource
+}
+
+// faultSource is the unit and client an MMU fault is reported for.
+type faultSource struct {
+	unit   int    // nvc0.FaultUnit*
+	client uint32 // nvc0.FaultClient*
+	hub    bool   // client is a hub client (else a GPC client)
+}
+
+// Fault sources of the board's engines (gf100_fifo_mmu_fault_engine,
+// _hubclient, _gpcclient).
+var (
+	srcPFIFO = faultSource{unit: nvc0.FaultUnitPFIFO, client: nvc0.FaultClientPFIFO, hub: true}
+	srcGR    = faultSource{unit: nvc0.FaultUnitGR, client: nvc0.FaultClientGPCTex}
+	srcCE    = [nvc0.NumCopyEngines]faultSource{
+		{unit: nvc0.FaultUnitCE0, client: nvc0.FaultClientPCOPY0, hub: true},
+		{unit: nvc0.FaultUnitCE1, client: nvc0.FaultClientPCOPY1, hub: true},
+	}
+)
+
+// withSource attributes a fault in err (if it has no source yet) to src.
+func withSource(err error, src faultSource) error {
+	var fe *faultError
+	if errors.As(err, &fe) && fe.src == nil {
+		fe.src = &src
+	}
+	return err
+}
+
+// source returns the fault's source.
+func (e *faultError) source() faultSource {
+	if e.src == nil {
+		return srcPFIFO
+	}
+	return *e.src
 }
 
 func (e *faultError) Error() string {
@@ -76,24 +115,27 @@ func (m *mmu) space(pd uint64, bar bool) *addrSpace {
 	return as
 }
 
-// flush drops the cached translations of the channel (vm) and/or BAR (bar)
-// address spaces whose page directory is at pd.
-func (m *mmu) flush(pd uint64, vm, bar bool) {
+// flush drops cached translations as a TLB invalidate of type typ
+// (nvc0.TLBFlush*) for the page directory at pd does: with ALL_PDB those of
+// every address space, otherwise those of pd's; with HUB_ONLY only the BAR
+// (hub) address spaces, otherwise channel and BAR spaces alike.
+func (m *mmu) flush(pd uint64, typ uint32) {
 	m.b.st.tlbFlushes.Add(1)
-	for _, k := range []spaceKey{{pd, false}, {pd, true}} {
-		if (k.bar && !bar) || (!k.bar && !vm) {
-			continue
+	hubOnly, all := typ&nvc0.TLBFlushHubOnly != 0, typ&nvc0.TLBFlushAllPDB != 0
+	m.mu.Lock()
+	var spaces []*addrSpace
+	for k, as := range m.spaces {
+		if (all || k.pd == pd) && (k.bar || !hubOnly) {
+			spaces = append(spaces, as)
 		}
-		m.mu.Lock()
-		as := m.spaces[k]
-		m.mu.Unlock()
-		if as != nil {
-			as.walks.Lock()
-			as.mu.Lock()
-			clear(as.tlb)
-			as.mu.Unlock()
-			as.walks.Unlock()
-		}
+	}
+	m.mu.Unlock()
+	for _, as := range spaces {
+		as.walks.Lock()
+		as.mu.Lock()
+		clear(as.tlb)
+		as.mu.Unlock()
+		as.walks.Unlock()
 	}
 }
 
@@ -105,17 +147,21 @@ type vm struct {
 	limit uint64
 }
 
-// vmFromRAMIN reads the page directory and limit of the RAMIN at ramin.
-func (b *Board) vmFromRAMIN(ramin uint64, bar bool) *vm {
-	pd := b.vramRead64(ramin + nvc0.RAMINPageDir)
+// vmFromRAMIN reads the page directory and limit of the RAMIN at ramin. A
+// page directory outside VRAM is refused (FaultReasonTargetUnsupported).
+func (b *Board) vmFromRAMIN(ramin uint64, bar bool) (*vm, error) {
+	pd, target := nvc0.RAMINAddrDecode(b.vramRead32(ramin+nvc0.RAMINPageDir), b.vramRead32(ramin+nvc0.RAMINPageDir+4))
+	if target != nvc0.MemTargetVRAM {
+		return nil, &faultError{va: 0, reason: nvc0.FaultReasonTargetUnsupported}
+	}
 	limit := b.vramRead64(ramin + nvc0.RAMINAddrLimit)
-	return &vm{as: b.mmu.space(pd, bar), pd: pd, limit: limit}
+	return &vm{as: b.mmu.space(pd, bar), pd: pd, limit: limit}, nil
 }
 
 // translate returns the physical address of va.
 func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
 	if va > v.limit || va >= nvc0.VASize {
-		return phys{}, &faultError{va: va, reason: nvc0.FaultReasonLimit, write: write}
+		return phys{}, &faultError{va: va, reason: nvc0.FaultReasonVMLimit, write: write}
 	}
 	key := va >> nvc0.PageShift
 	v.as.mu.Lock()
@@ -126,12 +172,13 @@ func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
 	} else {
 		b.st.tlbMisses.Add(1)
 		var reason uint32
+		var ok bool
 		v.as.walks.RLock()
-		e, reason = b.walk(v.pd, va)
+		e, reason, ok = b.walk(v.pd, va)
 		if b.afterWalk != nil {
 			b.afterWalk()
 		}
-		if reason == 0 {
+		if ok {
 			v.as.mu.Lock()
 			if len(v.as.tlb) >= tlbMaxEntries {
 				for k := range v.as.tlb { // evict an arbitrary entry
@@ -143,7 +190,7 @@ func (b *Board) translate(v *vm, va uint64, write bool) (phys, error) {
 			v.as.mu.Unlock()
 		}
 		v.as.walks.RUnlock()
-		if reason != 0 {
+		if !ok {
 			return phys{}, &faultError{va: va, reason: reason, write: write}
 		}
 	}
@@ -163,51 +210,55 @@ func (b *Board) readPTE(table phys, index uint64) (nvc0.PTE, bool) {
 }
 
 // walk translates va through the page directory at pd (in VRAM): the small
-// page table first, then the large one. It returns a fault reason, or 0.
-func (b *Board) walk(pd, va uint64) (tlbEntry, uint32) {
+// page table first, then the large one. ok is false if it faults, with the
+// fault reason.
+func (b *Board) walk(pd, va uint64) (e tlbEntry, reason uint32, ok bool) {
 	w0, w1, ok := b.physRead64(phys{addr: pd + nvc0.PDEIndex(va)*nvc0.PDESize})
 	if !ok {
-		return tlbEntry{}, nvc0.FaultReasonTarget
+		return tlbEntry{}, nvc0.FaultReasonNoMemory, false
 	}
 	pde := nvc0.DecodePDE(w0, w1)
 	if !pde.SmallPresent && !pde.LargePresent {
-		return tlbEntry{}, nvc0.FaultReasonPDE
+		return tlbEntry{}, nvc0.FaultReasonPTNotPresent, false
 	}
+	reason = nvc0.FaultReasonPageNotPresent
 	if pde.SmallPresent {
 		// The small table covers the first 1/2^Size of the PDE's range.
 		if idx := nvc0.SmallPTEIndex(va); idx < nvc0.SmallPTECount>>pde.Size {
 			pte, ok := b.readPTE(phys{sys: pde.SmallSys, addr: pde.SmallAddr}, idx)
 			if !ok {
-				return tlbEntry{}, nvc0.FaultReasonTarget
+				return tlbEntry{}, nvc0.FaultReasonNoMemory, false
 			}
 			if pte.Present {
 				return b.pageEntry(pte, 0)
 			}
+		} else if !pde.LargePresent {
+			reason = nvc0.FaultReasonPTTooShort
 		}
 	}
 	if pde.LargePresent {
 		pte, ok := b.readPTE(phys{sys: pde.LargeSys, addr: pde.LargeAddr}, nvc0.LargePTEIndex(va))
 		if !ok {
-			return tlbEntry{}, nvc0.FaultReasonTarget
+			return tlbEntry{}, nvc0.FaultReasonNoMemory, false
 		}
 		if pte.Present {
 			return b.pageEntry(pte, va&(nvc0.LargePageSize-1)&^(nvc0.PageSize-1))
 		}
 	}
-	return tlbEntry{}, nvc0.FaultReasonPTE
+	return tlbEntry{}, reason, false
 }
 
 // pageEntry builds the TLB entry for the 4 KiB page at offset sub inside the
 // page a present PTE maps, checking that memory backs it.
-func (b *Board) pageEntry(pte nvc0.PTE, sub uint64) (tlbEntry, uint32) {
+func (b *Board) pageEntry(pte nvc0.PTE, sub uint64) (tlbEntry, uint32, bool) {
 	if pte.Target != nvc0.TargetVRAM && !pte.IsSystem() {
-		return tlbEntry{}, nvc0.FaultReasonTarget
+		return tlbEntry{}, nvc0.FaultReasonNoMemory, false
 	}
 	p := phys{sys: pte.IsSystem(), addr: pte.Addr + sub}
 	if _, ok := b.slice(p, nvc0.PageSize); !ok {
-		return tlbEntry{}, nvc0.FaultReasonTarget
+		return tlbEntry{}, nvc0.FaultReasonNoMemory, false
 	}
-	return tlbEntry{page: p, ro: pte.ReadOnly}, 0
+	return tlbEntry{page: p, ro: pte.ReadOnly}, 0, true
 }
 
 // vmPage translates va and returns where it lands and how many of the n
@@ -228,7 +279,7 @@ func (b *Board) vmRead(v *vm, p []byte, va uint64) error {
 			return err
 		}
 		if !b.physCopyOut(p[:n], pa) {
-			return &faultError{va: va, reason: nvc0.FaultReasonTarget}
+			return &faultError{va: va, reason: nvc0.FaultReasonNoMemory}
 		}
 		p, va = p[n:], va+n
 	}
@@ -243,7 +294,7 @@ func (b *Board) vmWrite(v *vm, p []byte, va uint64) error {
 			return err
 		}
 		if !b.physCopyIn(pa, p[:n]) {
-			return &faultError{va: va, reason: nvc0.FaultReasonTarget, write: true}
+			return &faultError{va: va, reason: nvc0.FaultReasonNoMemory, write: true}
 		}
 		p, va = p[n:], va+n
 	}
@@ -263,7 +314,7 @@ func (b *Board) vmCopy(v *vm, dst, src, n uint64) (uint64, bool, error) {
 		return 0, false, err
 	}
 	if !b.physMove(dpa, spa, n) {
-		return 0, false, &faultError{va: src, reason: nvc0.FaultReasonTarget}
+		return 0, false, &faultError{va: src, reason: nvc0.FaultReasonNoMemory}
 	}
 	return n, spa.sys || dpa.sys, nil
 }
@@ -275,11 +326,11 @@ func (b *Board) vmRead32(v *vm, va uint64) (uint32, error) {
 		return 0, err
 	}
 	if n < 4 {
-		return 0, &faultError{va: va, reason: nvc0.FaultReasonMethod}
+		return 0, &faultError{va: va, reason: nvc0.FaultReasonNoMemory}
 	}
 	val, ok := b.physRead32(pa)
 	if !ok {
-		return 0, &faultError{va: va, reason: nvc0.FaultReasonTarget}
+		return 0, &faultError{va: va, reason: nvc0.FaultReasonNoMemory}
 	}
 	return val, nil
 }
@@ -291,10 +342,10 @@ func (b *Board) vmWrite32(v *vm, va uint64, val uint32) error {
 		return err
 	}
 	if n < 4 {
-		return &faultError{va: va, reason: nvc0.FaultReasonMethod, write: true}
+		return &faultError{va: va, reason: nvc0.FaultReasonNoMemory, write: true}
 	}
 	if !b.physWrite32(pa, val) {
-		return &faultError{va: va, reason: nvc0.FaultReasonTarget, write: true}
+		return &faultError{va: va, reason: nvc0.FaultReasonNoMemory, write: true}
 	}
 	return nil
 }

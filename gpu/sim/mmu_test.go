@@ -43,23 +43,23 @@ func TestMMUTranslate(t *testing.T) {
 		{"small sys", s, 0x2ff8, true, phys{sys: true, addr: sys.base + 0x3ff8}, 0},
 		{"read-only read", s, 0x3010, false, phys{addr: vramSmall + 0x10}, 0},
 		{"read-only write", s, 0x3010, true, phys{}, nvc0.FaultReasonReadOnly},
-		{"vram beyond size", s, 0x4000, false, phys{}, nvc0.FaultReasonTarget},
-		{"sys outside regions", s, 0x5000, false, phys{}, nvc0.FaultReasonTarget},
-		{"reserved target", s, 0x6000, false, phys{}, nvc0.FaultReasonTarget},
-		{"no PTE", s, 0x7000, false, phys{}, nvc0.FaultReasonPTE},
-		{"no PDE", s, 0x10000000, false, phys{}, nvc0.FaultReasonPDE},
+		{"vram beyond size", s, 0x4000, false, phys{}, nvc0.FaultReasonNoMemory},
+		{"sys outside regions", s, 0x5000, false, phys{}, nvc0.FaultReasonNoMemory},
+		{"reserved target", s, 0x6000, false, phys{}, nvc0.FaultReasonNoMemory},
+		{"no PTE", s, 0x7000, false, phys{}, nvc0.FaultReasonPageNotPresent},
+		{"no PDE", s, 0x10000000, false, phys{}, nvc0.FaultReasonPTNotPresent},
 		{"large vram", s, 0x8005678, true, phys{addr: vramLarge + 0x5678}, 0},
 		{"large sys", s, 0x803ffff, false, phys{sys: true, addr: sys.base + 0x11ffff}, 0},
 		{"small overrides large", s, 0x8001004, false, phys{addr: vramSmall + 4}, 0},
-		{"large page not mapped", s, 0x8040000, false, phys{}, nvc0.FaultReasonPTE},
-		{"beyond limit", s, 0x80_0000_0000, false, phys{}, nvc0.FaultReasonLimit},
+		{"large page not mapped", s, 0x8040000, false, phys{}, nvc0.FaultReasonPageNotPresent},
+		{"beyond limit", s, 0x80_0000_0000, false, phys{}, nvc0.FaultReasonVMLimit},
 		{"sys page tables small", ss, 0x1008, false, phys{addr: vramSmall + 8}, 0},
 		{"sys page tables large", ss, 0x8000010, false, phys{sys: true, addr: sys.base + 0x10}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := r.b.vmFromRAMIN(tc.s.ramin, false)
+			v, _ := r.b.vmFromRAMIN(tc.s.ramin, false)
 			got, err := r.b.translate(v, tc.va, tc.write)
-			if tc.reason != 0 {
+			if tc.want == (phys{}) {
 				var fe *faultError
 				if !errors.As(err, &fe) || fe.reason != tc.reason || fe.va != tc.va || fe.write != tc.write {
 					t.Fatalf("translate(%#x) = %+v, %v; want fault reason %d", tc.va, got, err, tc.reason)
@@ -76,7 +76,7 @@ func TestMMUTranslate(t *testing.T) {
 // bar3 sets up the BAR3 aperture over a fresh address space.
 func (r *rig) bar3() *space {
 	s := r.newSpace(nvc0.BAR3Size - 1)
-	r.b.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(s.ramin, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
+	r.b.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, nvc0.InstEncode(s.ramin, nvc0.BARInstModeVM))
 	return s
 }
 
@@ -98,16 +98,30 @@ func TestBARApertures(t *testing.T) {
 		t.Fatalf("BAR3 sys read %#x", got)
 	}
 	before := r.b.Stats().BARFaults
-	r.b.Write32(nvc0.BAR3, 0x9000, 1)           // unmapped
-	_ = r.b.Read32(nvc0.BAR3, 0x9000)           // unmapped
-	_ = r.b.Read32(nvc0.BAR3, nvc0.BAR3Size)    // beyond the BAR
-	_ = r.b.Read32(nvc0.BAR3, 0x4002)           // unaligned
-	r.b.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, 0) // aperture off
-	if r.b.Read32(nvc0.BAR3, 0x4010) != 0 {
-		t.Fatal("disabled BAR3 reads memory")
+	r.b.Write32(nvc0.BAR3, 0x9000, 1)        // unmapped
+	_ = r.b.Read32(nvc0.BAR3, 0x9000)        // unmapped
+	_ = r.b.Read32(nvc0.BAR3, nvc0.BAR3Size) // beyond the BAR
+	_ = r.b.Read32(nvc0.BAR3, 0x4002)        // unaligned
+	if got := r.b.Stats().BARFaults - before; got != 4 {
+		t.Fatalf("%d BAR faults counted, want 4", got)
 	}
-	if got := r.b.Stats().BARFaults - before; got != 5 {
-		t.Fatalf("%d BAR faults counted, want 5", got)
+	// The two translation faults were filed for the BAR3 unit.
+	rp := r.reports()
+	if len(rp) != 1 || !rp[0].fault || rp[0].unit != nvc0.FaultUnitBAR3 || rp[0].va != 0x9000 ||
+		rp[0].inst != nvc0.InstEncode(s.ramin, 0) || rp[0].typ != nvc0.FaultReasonPageNotPresent|nvc0.FaultTypeWrite|nvc0.FaultTypeHub|nvc0.FaultClientBARWrite<<nvc0.FaultTypeClientShift {
+		t.Fatalf("reports %v", rp)
+	}
+	r.ack()
+	if rp := r.reports(); len(rp) != 1 || rp[0].typ != nvc0.FaultReasonPageNotPresent|nvc0.FaultTypeHub|nvc0.FaultClientBARRead<<nvc0.FaultTypeClientShift {
+		t.Fatalf("second report %v", rp)
+	}
+	r.ack()
+	// With MODE clear the BAR is a window straight onto VRAM (as out of
+	// reset): offset = VRAM address.
+	r.w32(0x4010, 0x600DF00D)
+	r.b.Write32(nvc0.BAR0, nvc0.RegBAR3Inst, 0)
+	if got := r.b.Read32(nvc0.BAR3, 0x4010); got != 0x600DF00D {
+		t.Fatalf("direct-mode BAR3 read %#x", got)
 	}
 }
 
@@ -126,9 +140,8 @@ func TestTLBStaleUntilFlush(t *testing.T) {
 	if got := r.b.Read32(nvc0.BAR3, 0x1000); got != 0xAAAA {
 		t.Fatalf("remap visible without a flush: %#x", got)
 	}
-	// A flush of another page directory, or of the channel VMs only, changes nothing.
+	// A flush of another page directory changes nothing.
 	r.flushTLB(r.bar1.pd, true)
-	r.flushTLB(s.pd, false)
 	if got := r.b.Read32(nvc0.BAR3, 0x1000); got != 0xAAAA {
 		t.Fatalf("remap visible after unrelated flushes: %#x", got)
 	}
@@ -155,7 +168,7 @@ func TestTLBBounded(t *testing.T) {
 	for i := range uint64(tlbMaxEntries + 10) {
 		s.mapPage(i*nvc0.PageSize, pa, nvc0.TargetVRAM, false, false)
 	}
-	v := r.b.vmFromRAMIN(s.ramin, false)
+	v, _ := r.b.vmFromRAMIN(s.ramin, false)
 	for i := range uint64(tlbMaxEntries + 10) {
 		if _, err := r.b.translate(v, i*nvc0.PageSize, false); err != nil {
 			t.Fatal(err)

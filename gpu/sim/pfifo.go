@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -13,7 +14,7 @@ import (
 //
 // A channel is schedulable when its instance word is valid, its control word
 // has ChanCtlEnable, it is in the last submitted playlist, and it has not
-// stopped on a fault or being preempted. A doorbell (a GP_PUT write through the poll
+// stopped on an error or being preempted. A doorbell (a GP_PUT write through the poll
 // area) marks it as having work; its worker (one goroutine per channel,
 // started on first use) then reads the RAMIN, and executes the GPFIFO entries
 // from GP_GET to GP_PUT, publishing GP_GET after each entry's work is done.
@@ -45,12 +46,15 @@ type channel struct {
 	gpGet      uint32
 	cancel     context.CancelFunc // cancels the current run: its waits and its engine operation
 
-	// State of the methods, owned by the worker.
+	// State of the current run and of the methods, owned by the worker.
+	ramin      uint64 // the instance block the run started from
+	instWord   uint32 // its channel-table word
+	user       uint64 // the user area (VRAM) it names
 	stateEpoch uint64
 	subc       [nvc0.NumSubchannels]uint32
 	sem        semState
 	compute    computeState
-	copy       copyState
+	copy       [nvc0.NumCopyEngines]copyState
 }
 
 func newChannel(b *Board, id int) *channel {
@@ -71,7 +75,14 @@ func (c *channel) readInst() uint32 {
 	return c.inst
 }
 
+// writeInst stores the instance word. A valid word naming memory other than
+// VRAM is refused: it is stored without VALID and raises a channel-table
+// error (INVALID_TARGET) as the hardware does for a target it cannot use.
 func (c *channel) writeInst(v uint32) {
+	if v&nvc0.ChanInstValid != 0 && nvc0.InstTarget(v) != nvc0.MemTargetVRAM {
+		v &^= nvc0.ChanInstValid
+		c.b.chanTableError(nvc0.ChanTableErrInvalidTarget)
+	}
 	c.mu.Lock()
 	c.inst = v
 	wake := c.schedulable() && c.pending
@@ -81,14 +92,15 @@ func (c *channel) writeInst(v uint32) {
 	}
 }
 
+// readCtl returns the control word with ChanCtlPending set while the
+// channel has work not done: a doorbell not yet served, a run in progress,
+// or work left behind by an error.
 func (c *channel) readCtl() uint32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	v := c.ctl &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
-	if c.stopped {
-		v |= nvc0.ChanCtlFaulted
-	} else if c.pending || c.running {
-		v |= nvc0.ChanCtlBusy
+	v := c.ctl &^ nvc0.ChanCtlPending
+	if c.stopped || c.pending || c.running {
+		v |= nvc0.ChanCtlPending
 	}
 	return v
 }
@@ -99,7 +111,7 @@ func (c *channel) readCtl() uint32 {
 func (c *channel) writeCtl(v uint32) {
 	c.mu.Lock()
 	old := c.ctl
-	c.ctl = v &^ (nvc0.ChanCtlBusy | nvc0.ChanCtlFaulted)
+	c.ctl = v &^ nvc0.ChanCtlPending
 	enabling := old&nvc0.ChanCtlEnable == 0 && v&nvc0.ChanCtlEnable != 0
 	if enabling {
 		c.epoch++
@@ -108,7 +120,9 @@ func (c *channel) writeCtl(v uint32) {
 		c.stopped = false
 		c.pending = false
 		if c.inst&nvc0.ChanInstValid != 0 {
-			c.b.physWrite32(phys{addr: c.b.userArea(nvc0.InstDecode(c.inst)) + nvc0.UserGPGet}, 0)
+			if user, ok := c.b.userArea(nvc0.InstDecode(c.inst)); ok {
+				c.b.physWrite32(phys{addr: user + nvc0.UserGPGet}, 0)
+			}
 		}
 	}
 	wake := c.schedulable() && c.pending
@@ -118,9 +132,17 @@ func (c *channel) writeCtl(v uint32) {
 	}
 }
 
-// userArea returns the VRAM address of the user area named by a RAMIN.
-func (b *Board) userArea(ramin uint64) uint64 {
-	return uint64(b.vramRead32(ramin+nvc0.RAMINUserHi))<<32 | uint64(b.vramRead32(ramin+nvc0.RAMINUserLo))
+// userArea returns the VRAM address of the user area named by a RAMIN; ok
+// is false if it names another memory target.
+func (b *Board) userArea(ramin uint64) (addr uint64, ok bool) {
+	addr, target := nvc0.RAMINAddrDecode(b.vramRead32(ramin+nvc0.RAMINUserLo), b.vramRead32(ramin+nvc0.RAMINUserHi))
+	return addr, target == nvc0.MemTargetVRAM
+}
+
+// chanTableError latches a channel-table error (PFIFO_INTR bit 0, code in
+// RegChanTableError).
+func (b *Board) chanTableError(code uint32) {
+	b.intr.ChanTableError(code)
 }
 
 // doorbell records that channel ch has new work and wakes its worker.
@@ -159,8 +181,14 @@ func (c *channel) wake() {
 }
 
 // submitPlaylist replaces the set of schedulable channels with the count
-// entries of the playlist at addr in VRAM.
-func (b *Board) submitPlaylist(addr uint64, count int) {
+// entries of the playlist RegPlaylistAddr names. A playlist outside VRAM is
+// refused with a scheduler error and changes nothing.
+func (b *Board) submitPlaylist(reg uint32, count int) {
+	addr, target := nvc0.PlaylistAddrDecode(reg)
+	if target != nvc0.MemTargetVRAM {
+		b.intr.SchedError(nvc0.SchedErrorInvalidTarget)
+		return
+	}
 	b.fifo.playlistMu.Lock()
 	defer b.fifo.playlistMu.Unlock()
 	in := make([]bool, len(b.chans))
@@ -230,26 +258,32 @@ func (b *Board) preempt(v uint32) {
 	b.goTracked(finish)
 }
 
-// reportFault fills the fault report registers and raises PFIFO_INTR. Every
-// fault sets PFIFOIntrMMUFault (the report registers changed); method errors
-// also set PFIFOIntrChanErr.
-func (b *Board) reportFault(ch int, inst uint32, va uint64, reason uint32, write bool) {
-	status := reason&nvc0.FaultReasonMask | uint32(ch)&nvc0.FaultChanMask<<nvc0.FaultChanShift
-	if write {
-		status |= nvc0.FaultWrite
+// reportFault files an MMU fault record for the fault's unit (PFIFO_INTR
+// bit 28 and RegFaultUnitMask follow). inst is the instance word of the
+// faulting context: address >> 12 and target.
+func (b *Board) reportFault(inst uint32, fe *faultError) {
+	src := fe.source()
+	typ := fe.reason&nvc0.FaultTypeReasonMask | (src.client&nvc0.FaultTypeClientMask)<<nvc0.FaultTypeClientShift
+	if src.hub {
+		typ |= nvc0.FaultTypeHub
 	}
-	lo, hi := uint32(va), uint32(va>>32)
-	b.r.faultMu.Lock()
-	b.r.faultInst = nvc0.InstEncode(nvc0.InstDecode(inst), nvc0.FaultValid)
-	b.r.faultLo, b.r.faultHi = lo, hi
-	b.r.faultStatus = status
-	b.r.faultMu.Unlock()
-	switch reason {
-	case nvc0.FaultReasonMethod:
-		b.r.pfifoIntr.Or(nvc0.PFIFOIntrMMUFault | nvc0.PFIFOIntrChanErr)
-	default:
-		b.r.pfifoIntr.Or(nvc0.PFIFOIntrMMUFault)
+	if fe.write {
+		typ |= nvc0.FaultTypeWrite
 	}
+	b.intr.AddFault(src.unit, errreport.Fault{
+		Inst: inst & (nvc0.ChanInstMask | 3<<nvc0.ChanInstTargetShift),
+		VALo: uint32(fe.va), VAHi: uint32(fe.va >> 32), Type: typ,
+	})
+}
+
+// reportMethodError files a PBDMA error for channel ch.
+func (b *Board) reportMethodError(ch int, me *methodError) {
+	b.intr.AddPBDMA(me.pbdma, errreport.PBDMAError{
+		Intr:   me.intr,
+		Method: nvc0.PBDMAMethodValid | me.subc<<nvc0.PBDMAMethodSubcShift | me.method&nvc0.PBDMAMethodMask,
+		Data:   me.data,
+		Chan:   uint32(ch)&nvc0.PBDMAChanMask | nvc0.PBDMAChanActive,
+	})
 }
 
 // worker is the channel's goroutine.
@@ -265,7 +299,7 @@ func (c *channel) worker() {
 }
 
 // run executes the channel's GPFIFO entries until GP_GET reaches GP_PUT, the
-// channel stops being schedulable, or it faults.
+// channel stops being schedulable, or an error stops it.
 func (c *channel) run() {
 	b := c.b
 	c.mu.Lock()
@@ -291,22 +325,35 @@ func (c *channel) run() {
 	}()
 
 	ramin := nvc0.InstDecode(inst)
-	user := b.userArea(ramin)
+	if sig := b.vramRead32(ramin + nvc0.RAMINSignature); sig&nvc0.RAMINSignatureMask != nvc0.RAMINSignatureValue {
+		c.fail(gen, inst, &methodError{pbdma: nvc0.PBDMAGR, intr: nvc0.PBDMAIntrSigMismatch, data: sig})
+		return
+	}
+	user, ok := b.userArea(ramin)
+	if !ok {
+		c.fail(gen, inst, &faultError{reason: nvc0.FaultReasonTargetUnsupported})
+		return
+	}
 	ringVA, entries := nvc0.GPFIFODecode(b.vramRead32(ramin+nvc0.RAMINGPFIFOLo), b.vramRead32(ramin+nvc0.RAMINGPFIFOHi))
-	v := b.vmFromRAMIN(ramin, false)
+	v, err := b.vmFromRAMIN(ramin, false)
+	if err != nil {
+		c.fail(gen, inst, err)
+		return
+	}
+	c.ramin, c.instWord, c.user = ramin, inst, user
 	if c.stateEpoch != epoch { // a fresh channel: no bindings, no method state
 		c.stateEpoch = epoch
 		c.subc = [nvc0.NumSubchannels]uint32{}
-		c.sem, c.compute, c.copy = semState{}, computeState{}, copyState{}
+		c.sem, c.compute, c.copy = semState{}, computeState{}, [nvc0.NumCopyEngines]copyState{}
 	}
 	for {
 		put, ok := b.physRead32(phys{addr: user + nvc0.UserGPPut})
 		if !ok {
-			c.fault(gen, inst, user, nvc0.FaultReasonTarget, false)
+			c.fail(gen, inst, &faultError{va: user, reason: nvc0.FaultReasonNoMemory})
 			return
 		}
 		if put >= entries {
-			c.fault(gen, inst, user+nvc0.UserGPPut, nvc0.FaultReasonMethod, false)
+			c.fail(gen, inst, &methodError{va: ringVA, pbdma: nvc0.PBDMAGR, intr: nvc0.PBDMAIntrIBPutOverflow, data: put})
 			return
 		}
 		if put == get {
@@ -319,10 +366,10 @@ func (c *channel) run() {
 		if !ok {
 			return
 		}
-		if err := c.entry(ctx, v, ringVA+uint64(get)*nvc0.GPFIFOEntrySize); err != nil {
-			var fe *faultError
-			if errors.As(err, &fe) {
-				c.fault(gen, inst, fe.va, fe.reason, fe.write)
+		end, err := c.entry(ctx, v, ringVA+uint64(get)*nvc0.GPFIFOEntrySize)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.fail(gen, inst, err)
 			}
 			return // otherwise cancelled: preempted or board closing
 		}
@@ -333,41 +380,54 @@ func (c *channel) run() {
 			return
 		}
 		c.gpGet = get
+		// DMA_GET (and its high word) follow the push-buffer fetch; GP_GET
+		// last, so whoever sees GP_GET move sees DMA_GET of that entry.
+		b.physWrite32(phys{addr: user + nvc0.UserDMAGet}, uint32(end))
+		b.physWrite32(phys{addr: user + nvc0.UserDMAGetHi}, uint32(end>>32))
 		b.physWrite32(phys{addr: user + nvc0.UserGPGet}, get)
 		c.mu.Unlock()
 		b.st.gpEntries.Add(1)
 	}
 }
 
-// entry fetches and executes the push buffer of the GPFIFO entry at va.
-func (c *channel) entry(ctx context.Context, v *vm, va uint64) error {
+// entry fetches and executes the push buffer of the GPFIFO entry at va, and
+// returns the address just past the push buffer.
+func (c *channel) entry(ctx context.Context, v *vm, va uint64) (uint64, error) {
 	var e [nvc0.GPFIFOEntrySize]byte
 	if err := c.b.vmRead(v, e[:], va); err != nil {
-		return err
+		return 0, err
 	}
 	pbVA, words := nvc0.GPFIFODecodeEntry(load32(e[:4]), load32(e[4:]))
 	if words == 0 {
-		return &faultError{va: va, reason: nvc0.FaultReasonMethod}
+		return 0, &methodError{va: va, pbdma: nvc0.PBDMAGR, intr: nvc0.PBDMAIntrIBEntryInvalid, data: load32(e[4:])}
 	}
 	pb := make([]byte, uint64(words)*4)
 	if err := c.b.vmRead(v, pb, pbVA); err != nil {
-		return err
+		return 0, err
 	}
-	return c.exec(ctx, v, pbVA, pb)
+	return pbVA + uint64(words)*4, c.exec(ctx, v, pbVA, pb)
 }
 
-// fault stops the channel (unless a preempt or re-enable overtook the run)
-// and reports the fault.
-func (c *channel) fault(gen uint64, inst uint32, va uint64, reason uint32, write bool) {
+// fail stops the channel (unless a preempt or re-enable overtook the run)
+// and reports the error: an MMU fault record, or a PBDMA error.
+func (c *channel) fail(gen uint64, inst uint32, err error) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.gen != gen {
-		c.mu.Unlock()
 		return
 	}
-	// Report first, so whoever sees ChanCtlFaulted finds the report filled.
-	c.b.reportFault(c.id, inst, va, reason, write)
+	// Report before stopping, so whoever sees the channel stopped finds the report.
+	var fe *faultError
+	var me *methodError
+	switch {
+	case errors.As(err, &fe):
+		c.b.reportFault(inst, fe)
+	case errors.As(err, &me):
+		c.b.reportMethodError(c.id, me)
+	default:
+		return
+	}
 	c.stopped = true
 	c.pending = false
-	c.mu.Unlock()
 	c.b.st.chanFaults.Add(1)
 }

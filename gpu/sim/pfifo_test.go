@@ -20,15 +20,22 @@ func TestSemaphoreRelease(t *testing.T) {
 	if got := r.r32(pa); got != 42 {
 		t.Fatalf("semaphore = %d", got)
 	}
-	// Long release: payload, 0, 64-bit timestamp.
-	r.w32(pa+4, 0xffff)
-	c.push(nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), 0, chanDataVA+0x10, 7, nvc0.SemaphoreRelease|nvc0.SemaphoreReleaseLong)
+	if r.r32(pa+4) != 0 || r.r32(pa+8) != 0 {
+		t.Fatal("a 4-byte release wrote more than 4 bytes")
+	}
+	// A plain release (bit 24 clear, as nvc0_fence emits) writes 16 bytes:
+	// payload, 0, 64-bit timestamp.
+	r.w32(pa+0x14, 0xffff)
+	c.push(nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), 0, chanDataVA+0x10, 7, nvc0.SemaphoreRelease)
 	c.mustFinish()
 	stamp := uint64(r.r32(pa+0x18)) | uint64(r.r32(pa+0x1c))<<32
 	if r.r32(pa+0x10) != 7 || r.r32(pa+0x14) != 0 || stamp == 0 {
 		t.Fatalf("long release wrote %d %d %d", r.r32(pa+0x10), r.r32(pa+0x14), stamp)
 	}
-	if r.b.Stats().GPFIFOEntries != 2 {
+	// ACQUIRE_SWITCH (0x1000) is an acquire flag, not a release size.
+	c.push(nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), 0, chanDataVA+0x10, 7, nvc0.SemaphoreAcquireEqual|nvc0.SemaphoreAcquireSwitch)
+	c.mustFinish()
+	if r.b.Stats().GPFIFOEntries != 3 {
 		t.Fatalf("GPFIFO entries %d", r.b.Stats().GPFIFOEntries)
 	}
 }
@@ -42,16 +49,28 @@ func TestMethodHeaderTypes(t *testing.T) {
 		nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 3), 0, chanDataVA+0x100, 1,
 		// non-increasing: the payload method three times; the last wins
 		nvc0.NonIncr(0, nvc0.MthdSemaphorePayload, 3), 2, 3, 4,
-		// immediate: trigger a release of 4 at +0x100
+		// immediate: trigger a release of 4 at +0x100 (16 bytes)
 		nvc0.Immd(0, nvc0.MthdSemaphoreTrigger, nvc0.SemaphoreRelease),
+		// zero words are no-ops (NOUVEAU_DMA_SKIPS)
+		0, 0, 0,
 		// increase-once: address high, then low twice (the last wins) -> +0x200
 		nvc0.MethodHeader{Type: nvc0.MthdTypeIncreaseOnce, Count: 3, Method: nvc0.MthdSemaphoreAddrHi}.Encode(),
 		0, chanDataVA+0x180, chanDataVA+0x200,
 		nvc0.Immd(0, nvc0.MthdSemaphorePayload, 5),
 		nvc0.Immd(0, nvc0.MthdNonStall, 0),
+		nvc0.Immd(0, nvc0.MthdNop, 0),
+		nvc0.Immd(0, nvc0.MthdFBFlush, 0),
+		nvc0.Immd(0, nvc0.MthdSetReference, 0x77),
+		nvc0.Immd(0, nvc0.MthdSemaphoreTrigger, nvc0.SemaphoreRelease),
+		// END_PB_SEGMENT: what follows is not executed
+		nvc0.MethodHeader{Type: nvc0.MthdTypeEndSegment}.Encode(),
+		nvc0.Immd(0, nvc0.MthdSemaphorePayload, 9),
 		nvc0.Immd(0, nvc0.MthdSemaphoreTrigger, nvc0.SemaphoreRelease),
 	)
 	c.mustFinish()
+	if got := r.r32(c.user + nvc0.UserRef); got != 0x77 {
+		t.Errorf("SET_REFERENCE: user area +0x48 = %#x", got)
+	}
 	if got := r.r32(pa + 0x100); got != 4 {
 		t.Errorf("+0x100 = %d, want 4", got)
 	}
@@ -60,6 +79,38 @@ func TestMethodHeaderTypes(t *testing.T) {
 	}
 	if got := r.r32(pa + 0x200); got != 5 {
 		t.Errorf("+0x200 = %d, want 5", got)
+	}
+}
+
+// TestDMAGet: the user area's DMA_GET (and high word) follow the push-buffer
+// fetch, as nouveau's space check polls them.
+func TestDMAGet(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(0, nil)
+	c.semPage()
+	c.push(semRelease(chanDataVA, 1)...)
+	c.mustFinish()
+	end := c.pbVA() + 5*4
+	if lo, hi := r.r32(c.user+nvc0.UserDMAGet), r.r32(c.user+nvc0.UserDMAGetHi); lo != uint32(end) || hi != uint32(end>>32) {
+		t.Fatalf("DMA_GET %#x:%#x, want %#x", hi, lo, end)
+	}
+}
+
+func TestSemaphoreAcquireKinds(t *testing.T) {
+	for _, tc := range []struct {
+		op, have, want uint32
+		pass           bool
+	}{
+		{nvc0.SemaphoreAcquireGEq, 0x80000001, 0x7fffffff, true},  // wraps: still ahead
+		{nvc0.SemaphoreAcquireGEq, 0x7fffffff, 0x80000001, false}, // behind
+		{nvc0.SemaphoreAcquireGEq, 5, 5, true},
+		{nvc0.SemaphoreAcquireAnd, 6, 2, true},
+		{nvc0.SemaphoreAcquireAnd, 6, 1, false},
+		{nvc0.SemaphoreAcquireEqual, 6, 6, true},
+	} {
+		if got := semaphoreSatisfied(tc.op, tc.have, tc.want); got != tc.pass {
+			t.Errorf("op %d: have %#x want %#x: %v", tc.op, tc.have, tc.want, got)
+		}
 	}
 }
 
@@ -75,7 +126,7 @@ func TestSemaphoreAcquireReleasedByOtherChannel(t *testing.T) {
 		// b first writes 2 (not enough), then does other work, then 3.
 		b.push(semRelease(chanDataVA, 2)...)
 		b.mustFinish()
-		if a.gpGet() != 0 || a.ctl()&nvc0.ChanCtlBusy == 0 || r.r32(pa+8) != 0 {
+		if a.gpGet() != 0 || a.ctl()&nvc0.ChanCtlPending == 0 || r.r32(pa+8) != 0 {
 			t.Fatalf("acquire passed early: GP_GET %d ctl %#x", a.gpGet(), a.ctl())
 		}
 		b.push(semRelease(chanDataVA, 3)...)
@@ -99,7 +150,7 @@ func TestFaultStopsOnlyFaultingChannel(t *testing.T) {
 	for i := range 10 {
 		b.push(semRelease(chanDataVA, uint32(i+1))...)
 	}
-	a.mustFault()
+	rp := a.mustFaultReason(nvc0.FaultReasonPageNotPresent)
 	b.mustFinish()
 	if got := r.r32(bpa); got != 10 {
 		t.Fatalf("other channel's semaphore = %d", got)
@@ -107,26 +158,28 @@ func TestFaultStopsOnlyFaultingChannel(t *testing.T) {
 	if got := r.r32(apa); got != 1 {
 		t.Fatalf("faulting channel's semaphore = %d, want 1 (work before the fault only)", got)
 	}
-	rd := func(off uint64) uint32 { return r.b.Read32(nvc0.BAR0, off) }
-	if got := rd(nvc0.RegFaultInst); got != nvc0.InstEncode(a.ramin, nvc0.FaultValid) {
-		t.Errorf("fault inst %#x", got)
+	rd := func(off uint32) uint32 { return r.b.Read32(nvc0.BAR0, uint64(off)) }
+	// The PFIFO unit's record: the channel's instance, the VA, and the type
+	// word (reason, write, hub client PFIFO).
+	wantType := uint32(nvc0.FaultReasonPageNotPresent | nvc0.FaultTypeWrite | nvc0.FaultTypeHub | nvc0.FaultClientPFIFO<<nvc0.FaultTypeClientShift)
+	if rp.unit != nvc0.FaultUnitPFIFO || rp.inst != nvc0.InstEncode(a.ramin, 0) || rp.va != bad+0x44 || rp.typ != wantType {
+		t.Errorf("%v, want unit PFIFO type %#x", rp, wantType)
 	}
-	if lo, hi := rd(nvc0.RegFaultAddrLo), rd(nvc0.RegFaultAddrHi); lo != bad+0x44 || hi != 0 {
-		t.Errorf("fault addr %#x:%#x", hi, lo)
+	if rd(nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrMMUFault == 0 || rd(nvc0.RegFaultUnitMask) != 1<<nvc0.FaultUnitPFIFO {
+		t.Error("PFIFO_INTR MMU fault or the unit mask not set")
 	}
-	wantStatus := uint32(nvc0.FaultReasonPTE | 2<<nvc0.FaultChanShift | nvc0.FaultWrite)
-	if got := rd(nvc0.RegFaultStatus); got != wantStatus {
-		t.Errorf("fault status %#x, want %#x", got, wantStatus)
-	}
-	if rd(nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrMMUFault == 0 {
-		t.Error("PFIFO_INTR MMU fault not set")
-	}
-	if a.ctl()&nvc0.ChanCtlFaulted == 0 || a.gpGet() != 0 {
+	if a.ctl()&nvc0.ChanCtlPending == 0 || a.gpGet() != 0 {
 		t.Errorf("faulted channel: ctl %#x GP_GET %d", a.ctl(), a.gpGet())
+	}
+	// Releasing the record clears the interrupt; the channel stays stopped.
+	r.ack()
+	if rd(nvc0.RegPFIFOIntr) != 0 || rd(nvc0.RegFaultUnitMask) != 0 {
+		t.Errorf("after release: PFIFO_INTR %#x mask %#x", rd(nvc0.RegPFIFOIntr), rd(nvc0.RegFaultUnitMask))
 	}
 	// Doorbells do nothing now; the channel stays stopped.
 	a.ring()
-	if a.ctl()&nvc0.ChanCtlFaulted == 0 || r.r32(apa) != 1 {
+	time.Sleep(time.Millisecond)
+	if r.r32(apa) != 1 {
 		t.Fatal("faulted channel restarted")
 	}
 	if r.b.Stats().ChannelFaults != 1 {
@@ -140,7 +193,7 @@ func TestFaultStopsOnlyFaultingChannel(t *testing.T) {
 		t.Fatalf("preempt reads %#x", got)
 	}
 	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(a.id)), nvc0.ChanCtlDefault)
-	if a.ctl()&nvc0.ChanCtlFaulted != 0 || a.gpGet() != 0 {
+	if a.ctl()&nvc0.ChanCtlPending != 0 || a.gpGet() != 0 {
 		t.Fatalf("re-enabled channel: ctl %#x GP_GET %d", a.ctl(), a.gpGet())
 	}
 	a.put = 0
@@ -151,34 +204,54 @@ func TestFaultStopsOnlyFaultingChannel(t *testing.T) {
 	}
 }
 
-func TestMethodFaults(t *testing.T) {
+func TestMethodErrors(t *testing.T) {
+	copyExec := func(subc, exec uint32) []uint32 {
+		return []uint32{nvc0.Incr(subc, nvc0.CopyMthdXCount, 2), 16, 1, nvc0.Immd(subc, nvc0.CopyMthdExec, exec)}
+	}
 	for _, tc := range []struct {
 		name  string
 		words []uint32
+		pbdma int
+		intr  uint32
+		mthd  uint32 // the method the PBDMA reports (with the error's subchannel)
 	}{
-		{"unknown fifo method", []uint32{nvc0.Immd(0, 0x24, 0)}},
-		{"unknown class", bind(0, 0x9097)},
-		{"unbound subchannel", []uint32{nvc0.Immd(2, nvc0.CopyMthdLaunchDMA, 0)}},
-		{"unknown copy method", cat(bind(1, nvc0.ClassFermiCopy), []uint32{nvc0.Immd(1, 0x500, 0)})},
-		{"unknown compute method", cat(bind(1, nvc0.ClassFermiCompute), []uint32{nvc0.Immd(1, 0x500, 0)})},
-		{"data past the end", []uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), 0, 0}},
-		{"bad header type", []uint32{0x2 << nvc0.MthdTypeShift}},
-		{"bad semaphore op", []uint32{nvc0.Immd(0, nvc0.MthdSemaphoreTrigger, 0)}},
-		{"unaligned semaphore", semRelease(chanDataVA+2, 1)},
-		{"copy too big", cat(bind(0, nvc0.ClassFermiCopy), copyCmd(0, chanDataVA, chanDataVA, 0, 0, 1<<16, 1<<15))},
+		{"unknown host method", []uint32{nvc0.Immd(0, 0x30, 0)}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalMthd, 0x30},
+		{"ILLEGAL method", []uint32{nvc0.Immd(0, nvc0.MthdIllegal, 0)}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalMthd, nvc0.MthdIllegal},
+		{"unknown class", bind(0, 0x9097), nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalMthd, nvc0.MthdSetObject},
+		{"unbound subchannel", []uint32{nvc0.Immd(2, nvc0.CopyMthdExec, 0)}, nvc0.PBDMAGR, nvc0.PBDMAIntrEmptySubc, 2<<16 | nvc0.CopyMthdExec},
+		{"unknown copy method", cat(bind(1, nvc0.ClassFermiCopy), []uint32{nvc0.Immd(1, 0x500, 0)}), nvc0.PBDMACE0, nvc0.PBDMAIntrIllegalMthd, 1<<16 | 0x500},
+		{"Kepler copy method", cat(bind(1, nvc0.ClassFermiCopy), []uint32{nvc0.Immd(1, 0x400, 0)}), nvc0.PBDMACE0, nvc0.PBDMAIntrIllegalMthd, 1<<16 | 0x400},
+		{"copy bitfield", cat(bind(1, nvc0.ClassFermiDecompress), []uint32{nvc0.Incr(1, nvc0.CopyMthdYCount, 1), 0x2000}), nvc0.PBDMACE1, nvc0.PBDMAIntrIllegalMthd, 1<<16 | nvc0.CopyMthdYCount},
+		{"copy FORMAT", cat(bind(1, nvc0.ClassFermiCopy), copyExec(1, nvc0.CopyExecLinear|nvc0.CopyExecFormat)), nvc0.PBDMACE0, nvc0.PBDMAIntrIllegalMthd, 1<<16 | nvc0.CopyMthdExec},
+		{"copy tiled", cat(bind(1, nvc0.ClassFermiCopy), copyExec(1, nvc0.CopyExecSrcLinear)), nvc0.PBDMACE0, nvc0.PBDMAIntrIllegalMthd, 1<<16 | nvc0.CopyMthdExec},
+		{"unknown compute method", cat(bind(1, nvc0.ClassFermiCompute), []uint32{nvc0.Immd(1, 0x500, 0)}), nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalMthd, 1<<16 | 0x500},
+		{"data past the end", []uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), 0, 0}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalCmd, 0},
+		{"reserved header type", []uint32{0x2<<nvc0.MthdTypeShift | 1<<nvc0.MthdCountShift}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalCmd, 0},
+		{"old format with data", []uint32{nvc0.MethodHeader{Type: nvc0.MthdTypeOldIncreasing, Count: 1}.Encode(), 0}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalCmd, 0},
+		{"bad semaphore op", []uint32{nvc0.Immd(0, nvc0.MthdSemaphoreTrigger, 0)}, nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalSem, nvc0.MthdSemaphoreTrigger},
+		{"unaligned semaphore", semRelease(chanDataVA+2, 1), nvc0.PBDMAGR, nvc0.PBDMAIntrIllegalSem, nvc0.MthdSemaphoreTrigger},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
-			c := r.newChan(0, nil)
+			c := r.newChan(5, nil)
 			c.semPage()
 			c.push(tc.words...)
-			c.mustFault()
-			st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus)
-			if st&nvc0.FaultReasonMask != nvc0.FaultReasonMethod {
-				t.Fatalf("fault status %#x", st)
+			rp := c.mustMethodError(tc.intr)
+			if rp.unit != tc.pbdma || rp.chid != 5|nvc0.PBDMAChanActive {
+				t.Fatalf("%v, want PBDMA %d channel 5", rp, tc.pbdma)
 			}
-			if r.b.Read32(nvc0.BAR0, nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrChanErr == 0 {
-				t.Fatal("PFIFO_INTR channel error not set")
+			if tc.mthd != 0 && rp.mthd != nvc0.PBDMAMethodValid|tc.mthd {
+				t.Fatalf("method cache %#x, want %#x", rp.mthd, nvc0.PBDMAMethodValid|tc.mthd)
+			}
+			rd := func(off uint32) uint32 { return r.b.Read32(nvc0.BAR0, uint64(off)) }
+			if rd(nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrPBDMA == 0 || rd(nvc0.RegPBDMAIntrSource) != 1<<tc.pbdma {
+				t.Fatal("PFIFO_INTR PBDMA bit or the PBDMA source mask not set")
+			}
+			// nouveau's clear: NOP into the method cache, INTR written back.
+			r.b.Write32(nvc0.BAR0, uint64(nvc0.RegPBDMAMethod(tc.pbdma)), 0x80600008)
+			r.b.Write32(nvc0.BAR0, uint64(nvc0.RegPBDMAIntr(tc.pbdma)), rp.intr)
+			if rd(nvc0.RegPFIFOIntr) != 0 || rd(nvc0.RegPBDMAIntrSource) != 0 {
+				t.Fatalf("after the clear: PFIFO_INTR %#x source %#x", rd(nvc0.RegPFIFOIntr), rd(nvc0.RegPBDMAIntrSource))
 			}
 		})
 	}
@@ -187,21 +260,119 @@ func TestMethodFaults(t *testing.T) {
 		c := r.newChan(0, nil)
 		c.queueEntry(c.pbVA(), 0)
 		c.ring()
-		c.mustFault()
-		if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != nvc0.FaultReasonMethod {
-			t.Fatalf("fault status %#x", st)
-		}
+		c.mustMethodError(nvc0.PBDMAIntrIBEntryInvalid)
+	})
+	t.Run("GP_PUT beyond the ring", func(t *testing.T) {
+		r := newRig(t)
+		c := r.newChan(0, nil)
+		r.b.Write32(nvc0.BAR1, c.pollVA()+nvc0.UserGPPut, 1<<chanLog2)
+		c.mustMethodError(nvc0.PBDMAIntrIBPutOverflow)
+	})
+	t.Run("bad signature", func(t *testing.T) {
+		r := newRig(t)
+		c := r.newChan(0, nil)
+		c.semPage()
+		r.w32(c.ramin+nvc0.RAMINSignature, 0xbeef)
+		c.push(semRelease(chanDataVA, 1)...)
+		c.mustMethodError(nvc0.PBDMAIntrSigMismatch)
 	})
 	t.Run("push buffer unmapped", func(t *testing.T) {
 		r := newRig(t)
 		c := r.newChan(0, nil)
 		c.queueEntry(chanPBVA+0x4000000, 4)
 		c.ring()
-		c.mustFault()
-		if st := r.b.Read32(nvc0.BAR0, nvc0.RegFaultStatus); st&nvc0.FaultReasonMask != nvc0.FaultReasonPTE || st&nvc0.FaultWrite != 0 {
-			t.Fatalf("fault status %#x", st)
+		if rp := c.mustFaultReason(nvc0.FaultReasonPageNotPresent); rp.typ&nvc0.FaultTypeWrite != 0 {
+			t.Fatalf("%v: a fetch reported as a write", rp)
 		}
 	})
+}
+
+// TestMemoryTargets: structures outside VRAM are refused explicitly, never
+// read as VRAM.
+func TestMemoryTargets(t *testing.T) {
+	rd := func(r *rig, off uint32) uint32 { return r.b.Read32(nvc0.BAR0, uint64(off)) }
+	t.Run("channel instance", func(t *testing.T) {
+		r := newRig(t)
+		c := r.newChan(0, nil)
+		r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(c.id)), nvc0.InstEncode(c.ramin, nvc0.ChanInstValid)|nvc0.MemTargetSysCoherent<<nvc0.ChanInstTargetShift)
+		if rd(r, nvc0.ChanInst(c.id))&nvc0.ChanInstValid != 0 || rd(r, nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrChanTableError == 0 ||
+			rd(r, nvc0.RegChanTableError) != nvc0.ChanTableErrInvalidTarget {
+			t.Fatalf("instance word %#x, PFIFO_INTR %#x, error %#x", rd(r, nvc0.ChanInst(c.id)), rd(r, nvc0.RegPFIFOIntr), rd(r, nvc0.RegChanTableError))
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		off  uint64
+	}{{"USERD", nvc0.RAMINUserLo}, {"page directory", nvc0.RAMINPageDir}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			c := r.newChan(0, nil)
+			c.semPage()
+			r.w32(c.ramin+tc.off, r.r32(c.ramin+tc.off)|nvc0.MemTargetSysNonCoherent)
+			c.push(semRelease(chanDataVA, 1)...)
+			c.mustFaultReason(nvc0.FaultReasonTargetUnsupported)
+		})
+	}
+	t.Run("playlist", func(t *testing.T) {
+		r := newRig(t)
+		c := r.newChan(0, nil)
+		r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistAddr, nvc0.PlaylistAddrEncode(r.pl)|nvc0.MemTargetSysCoherent<<nvc0.PlaylistAddrTargetShift)
+		r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistSubmit, nvc0.PlaylistSubmitEncode(0))
+		if rd(r, nvc0.RegPFIFOIntr)&nvc0.PFIFOIntrSchedError == 0 {
+			t.Fatal("no scheduler error")
+		}
+		c.semPage()
+		c.push(semRelease(chanDataVA, 1)...)
+		c.mustFinish() // the refused playlist changed nothing
+	})
+	t.Run("PRAMIN window", func(t *testing.T) {
+		r := newRig(t)
+		r.w32(0x10000, 0x1234)
+		r.b.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, nvc0.PRAMINWindowEncode(0x10000)|nvc0.MemTargetSysCoherent<<nvc0.PRAMINWindowTargetShift)
+		before := r.b.Stats().UnknownRegisters
+		if got := rd(r, nvc0.PRAMINBase); got != 0 || r.b.Stats().UnknownRegisters != before+1 {
+			t.Fatalf("system-memory PRAMIN window read %#x", got)
+		}
+	})
+}
+
+// TestEngineContexts: engines load the context the channel's RAMIN points
+// at and save their state there; a never-bound engine faults NO_CHANNEL; a
+// physical pointer (bit 2 clear) reaches VRAM directly.
+func TestEngineContexts(t *testing.T) {
+	const src, dst = chanDataVA, chanDataVA + 0x1000
+	r := newRig(t)
+	c := r.newChan(2, nil)
+	c.s.mapVRAM(chanDataVA, 2*nvc0.PageSize)
+	c.push(cat(bind(4, nvc0.ClassFermiCopy), copyCmd(4, src, dst, 0, 0, 64, 1))...)
+	c.mustFinish()
+	if got := r.r32(c.ctxPA + nvc0.EngineContextSize + 6*4); got != 64 { // CE0's saved XCOUNT
+		t.Fatalf("CE0 context XCOUNT %d", got)
+	}
+	if got := r.b.Read32(nvc0.BAR0, uint64(nvc0.RegCEChanCur(0))); got != nvc0.InstEncode(c.ramin, nvc0.CEChanValid) {
+		t.Fatalf("CE0 CHANNEL_CUR %#x", got)
+	}
+	// FERMI_DECOMPRESS runs on CE1, with the +0x240 context.
+	c.push(cat(bind(5, nvc0.ClassFermiDecompress), copyCmd(5, src, dst, 0, 0, 32, 1))...)
+	c.mustFinish()
+	if got := r.r32(c.ctxPA + 2*nvc0.EngineContextSize + 6*4); got != 32 {
+		t.Fatalf("CE1 context XCOUNT %d", got)
+	}
+	// A physical pointer: the save lands in VRAM at that address.
+	phys := r.alloc(nvc0.PageSize, nvc0.PageSize)
+	r.w32(c.ramin+nvc0.RAMINEngineCE0, uint32(phys))
+	r.w32(c.ramin+nvc0.RAMINEngineCE0+4, 0)
+	c.push(copyCmd(4, src, dst, 0, 0, 48, 1)...)
+	c.mustFinish()
+	if got := r.r32(phys + 6*4); got != 48 {
+		t.Fatalf("physical context XCOUNT %d", got)
+	}
+	// Unbound: NO_CHANNEL on the engine's unit.
+	r.w32(c.ramin+nvc0.RAMINEngineCE0, 0)
+	c.push(copyCmd(4, src, dst, 0, 0, 48, 1)...)
+	if rp := c.mustFaultReason(nvc0.FaultReasonNoChannel); rp.unit != nvc0.FaultUnitCE0 {
+		t.Fatalf("%v, want unit CE0", rp)
+	}
 }
 
 func TestPlaylistAndEnableRules(t *testing.T) {
@@ -212,7 +383,7 @@ func TestPlaylistAndEnableRules(t *testing.T) {
 	r.list = nil
 	r.submitPlaylist()
 	c.push(semRelease(chanDataVA, 1)...)
-	if c.ctl()&nvc0.ChanCtlBusy == 0 || c.gpGet() != 0 {
+	if c.ctl()&nvc0.ChanCtlPending == 0 || c.gpGet() != 0 {
 		t.Fatalf("channel off the playlist ran: ctl %#x GP_GET %d", c.ctl(), c.gpGet())
 	}
 	if r.b.Read32(nvc0.BAR0, nvc0.RegPlaylistStatus)&nvc0.PlaylistPending != 0 {
@@ -230,7 +401,7 @@ func TestPlaylistAndEnableRules(t *testing.T) {
 		t.Fatalf("disabled channel ran: sem %d GP_GET %d", r.r32(pa), c.gpGet())
 	}
 	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id)), nvc0.ChanCtlDefault)
-	if c.gpGet() != 0 || c.ctl()&nvc0.ChanCtlBusy != 0 {
+	if c.gpGet() != 0 || c.ctl()&nvc0.ChanCtlPending != 0 {
 		t.Fatalf("enable did not reset: GP_GET %d ctl %#x", c.gpGet(), c.ctl())
 	}
 	// Invalid instance: not schedulable.
@@ -240,7 +411,7 @@ func TestPlaylistAndEnableRules(t *testing.T) {
 	if r.r32(pa) != 1 {
 		t.Fatal("channel without a valid instance ran")
 	}
-	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(c.id)), nvc0.InstEncode(c.ramin, nvc0.ChanInstValid|nvc0.ChanInstVRAM))
+	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(c.id)), nvc0.InstEncode(c.ramin, nvc0.ChanInstValid|nvc0.ChanInstPollEnable))
 	c.mustFinish()
 	if r.r32(pa) != 3 {
 		t.Fatalf("sem %d after validating the instance", r.r32(pa))
@@ -273,7 +444,7 @@ func TestStopBlockedChannel(t *testing.T) {
 	c := r.newChan(5, nil)
 	pa := c.semPage()
 	c.push(cat(semAcquire(chanDataVA, 1, nvc0.SemaphoreAcquireEqual), semRelease(chanDataVA+4, 2))...)
-	for r.b.chans[c.id].readCtl()&nvc0.ChanCtlBusy == 0 {
+	for r.b.chans[c.id].readCtl()&nvc0.ChanCtlPending == 0 {
 	}
 	if err := hwseq.StopChannel(r.b, c.id, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -281,8 +452,11 @@ func TestStopBlockedChannel(t *testing.T) {
 	if got := r.b.Read32(nvc0.BAR0, nvc0.RegPreempt); got != uint32(c.id) {
 		t.Fatalf("preempt register %#x after the preempt", got)
 	}
-	if ctl := c.ctl(); ctl&nvc0.ChanCtlEnable != 0 || ctl&nvc0.ChanCtlFaulted != 0 {
+	if ctl := c.ctl(); ctl&nvc0.ChanCtlEnable != 0 {
 		t.Fatalf("stopped channel ctl %#x", ctl)
+	}
+	if rp, ok := c.report(); ok {
+		t.Fatalf("a stop reported an error: %v", rp)
 	}
 	// The semaphore it waited for is released: a stopped channel goes no further.
 	r.w32(pa, 1)

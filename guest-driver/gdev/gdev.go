@@ -189,10 +189,10 @@ func (c *Context) copyEngine(dst, src, n uint64) (uint32, error) {
 	var words []uint32
 	emit := func(dst, src, lineLen, lines uint64) {
 		words = append(words,
-			nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdOffsetInHi, 8),
+			nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
 			uint32(src>>32), uint32(src), uint32(dst>>32), uint32(dst),
 			copyPitch, copyPitch, uint32(lineLen), uint32(lines),
-			nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdLaunchDMA, nvc0.CopyLaunchPitch))
+			nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear))
 	}
 	for n >= copyPitch {
 		lines := min(n/copyPitch, maxCopyLines)

@@ -146,7 +146,7 @@ func TestFaultIsAnErrorAndStaysInItsChannel(t *testing.T) {
 	if !errors.As(err, &fe) || !errors.Is(err, nouveau.ErrChannelFault) {
 		t.Fatalf("Synchronize after a wild write = %v, want a channel fault", err)
 	}
-	if !fe.Known || fe.Addr < wild || fe.Addr >= wild+64*64*4 || !fe.Write || fe.Reason != nvc0.FaultReasonPDE {
+	if !fe.Known || fe.Addr < wild || fe.Addr >= wild+64*64*4 || !fe.Write || fe.Reason != nvc0.FaultReasonPTNotPresent {
 		t.Errorf("fault = %+v (%v)", fe, fe)
 	}
 	if err := bad.Close(); err != nil {

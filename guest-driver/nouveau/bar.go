@@ -71,7 +71,7 @@ func (d *Device) initBARs() error {
 	if err != nil {
 		return err
 	}
-	d.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(bar3.ramin.addr, nvc0.BARInstValid|nvc0.BARInstBAR3Bit))
+	d.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(bar3.ramin.addr, nvc0.BARInstModeVM))
 	if err := d.flushTLB(bar3.pd.addr, true); err != nil {
 		return fmt.Errorf("BAR3: %w", err)
 	}
@@ -81,7 +81,7 @@ func (d *Device) initBARs() error {
 	if err != nil {
 		return err
 	}
-	d.wr(nvc0.RegBAR1Inst, nvc0.InstEncode(bar1.ramin.addr, nvc0.BARInstValid))
+	d.wr(nvc0.RegBAR1Inst, nvc0.InstEncode(bar1.ramin.addr, nvc0.BARInstModeVM))
 	if err := d.flushTLB(bar1.pd.addr, true); err != nil {
 		return fmt.Errorf("BAR1: %w", err)
 	}

@@ -14,11 +14,16 @@ import (
 	"github.com/gpuvm/gpuvm/internal/spin"
 )
 
-// Subchannels the driver binds its engine classes to (a software convention).
+// Subchannels the driver binds its engine classes to (a software convention;
+// nouveau's push906f.h puts the copy class on 4).
 const (
 	SubcCompute = 1
 	SubcCopy    = 4
 )
+
+// engineContexts is the number of engine context images a channel has: GR,
+// CE0 and CE1.
+const engineContexts = 3
 
 const (
 	gpfifoLog2    = 10 // 1024 GPFIFO entries, as nouveau's nvc0 channels
@@ -42,6 +47,8 @@ type Channel struct {
 	id int
 
 	ramin   *kobj
+	ctx     *kobj          // engine context images (GR, CE0, CE1), one page
+	ctxVA   uint64         // where the channel's VM maps them
 	ring    hostmem.Buffer // GPFIFO entries, then push-buffer space
 	ringVA  uint64
 	fence   hostmem.Buffer
@@ -58,7 +65,8 @@ type Channel struct {
 }
 
 // NewChannel creates a channel in vm, enables it, puts it on the playlist, and
-// binds its compute context (FECS) and the copy engine to it.
+// binds its compute context (FECS) and the copy engines to it through the
+// engine context pointers of its RAMIN, as gf100_ectx_bind does.
 func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	d.mu.Lock()
 	id := -1
@@ -98,16 +106,38 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 		return c, err
 	}
 
+	// Engine contexts: a zeroed 256-byte image per engine, in VRAM mapped
+	// into the channel's VM (nvkm_falcon_cclass_bind, gf100_gr_chan_new).
+	if c.ctx, err = d.newKobjZeroing(nvc0.PageSize, nvc0.PageSize, engineContexts*nvc0.EngineContextSize); err != nil {
+		return c, fmt.Errorf("engine contexts: %w", err)
+	}
+	if c.ctxVA, err = vm.AllocVA(nvc0.PageSize, nvc0.PageSize); err != nil {
+		return c, err
+	}
+	if err = vm.MapVRAM(c.ctxVA, c.ctx.addr, nvc0.PageSize); err != nil {
+		return c, err
+	}
+
+	// RAMFC and the address space (gf100_chan_ramfc_write, gf100_vmm_join_).
 	user := d.userArea.addr + uint64(id)*nvc0.UserAreaSize
-	d.kwr32(c.ramin, nvc0.RAMINUserLo, uint32(user))
-	d.kwr32(c.ramin, nvc0.RAMINUserHi, uint32(user>>32))
+	lo, hi := nvc0.RAMINAddrEncode(user)
+	d.kwr32(c.ramin, nvc0.RAMINUserLo, lo)
+	d.kwr32(c.ramin, nvc0.RAMINUserHi, hi)
+	d.kwr32(c.ramin, nvc0.RAMINSignature, nvc0.RAMINSignatureValue)
 	d.kwr32(c.ramin, nvc0.RAMINGPFIFOLo, uint32(c.ringVA))
 	d.kwr32(c.ramin, nvc0.RAMINGPFIFOHi, nvc0.GPFIFOHiEncode(c.ringVA, gpfifoLog2))
-	d.kwr64(c.ramin, nvc0.RAMINPageDir, vm.pd.addr)
+	lo, hi = nvc0.RAMINAddrEncode(vm.pd.addr)
+	d.kwr32(c.ramin, nvc0.RAMINPageDir, lo)
+	d.kwr32(c.ramin, nvc0.RAMINPageDir+4, hi)
 	d.kwr64(c.ramin, nvc0.RAMINAddrLimit, nvc0.VASize-1)
+	for i, off := range [engineContexts]uint64{nvc0.RAMINEngineGR, nvc0.RAMINEngineCE0, nvc0.RAMINEngineCE1} {
+		lo, hi := nvc0.RAMINEngineEncode(c.ctxVA + uint64(i)*nvc0.EngineContextSize)
+		d.kwr32(c.ramin, off, lo)
+		d.kwr32(c.ramin, off+4, hi)
+	}
 	d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), 0)
 
-	inst := nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstVRAM)
+	inst := nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
 	d.wr(nvc0.ChanInst(id), inst)
 	if got := d.rd(nvc0.ChanInst(id)); got != inst {
 		// A virtual GPU refuses channels beyond the VM's quota.
@@ -120,8 +150,6 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	if err = d.fecsBind(c.ramin.addr); err != nil {
 		return c, err
 	}
-	d.wr(nvc0.RegCopy0InstLo, nvc0.InstEncode(c.ramin.addr, nvc0.CopyInstValid))
-	d.wr(nvc0.RegCopy0InstHi, 0)
 
 	if err = c.Submit([]uint32{
 		nvc0.Incr(SubcCompute, nvc0.MthdSetObject, 1), nvc0.ClassFermiCompute,
@@ -348,26 +376,16 @@ func (c *Channel) Finish() error {
 	return c.WaitFence(seq)
 }
 
-// checkFault reads the channel's control word and, if the GPU stopped the
-// channel, returns a FaultError built from the fault report.
+// checkFault collects the GPU's error reports and returns this channel's
+// first one as a FaultError, if any.
 func (c *Channel) checkFault() error {
-	ctl := c.d.rd(nvc0.ChanCtl(c.id))
-	if ctl == nvc0.ReadAllOnes {
-		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceGone)
+	if err := c.d.collectErrors(); err != nil {
+		return fmt.Errorf("channel %d: %w", c.id, err)
 	}
-	if ctl&nvc0.ChanCtlFaulted == 0 {
-		return nil
+	if fe := c.d.channelError(c.id); fe != nil {
+		return fe
 	}
-	fe := &FaultError{Channel: c.id}
-	inst := c.d.rd(nvc0.RegFaultInst)
-	status := c.d.rd(nvc0.RegFaultStatus)
-	if inst&nvc0.FaultValid != 0 && int((status>>nvc0.FaultChanShift)&nvc0.FaultChanMask) == c.id {
-		fe.Known = true
-		fe.Reason = status & nvc0.FaultReasonMask
-		fe.Write = status&nvc0.FaultWrite != 0
-		fe.Addr = uint64(c.d.rd(nvc0.RegFaultAddrHi))<<32 | uint64(c.d.rd(nvc0.RegFaultAddrLo))
-	}
-	return fe
+	return nil
 }
 
 // Close stops the channel (disable and preempt), takes it off the playlist
@@ -421,8 +439,15 @@ func (c *Channel) release() error {
 	if c.ring.Bytes != nil {
 		keep(d.host.Free(c.ring))
 	}
+	if c.ctxVA != 0 {
+		keep(c.vm.Unmap(c.ctxVA, nvc0.PageSize))
+		keep(c.vm.FreeVA(c.ctxVA))
+	}
+	keep(d.freeKobj(c.ctx))
+	c.ctx = nil
 	keep(d.freeKobj(c.ramin))
 	c.ramin = nil
+	d.forgetError(c.id)
 	d.mu.Lock()
 	if d.chans[c.id] == c {
 		d.chans[c.id] = nil

@@ -78,6 +78,9 @@ type Device struct {
 	windowSet bool
 	flushMu   sync.Mutex // serialises TLB flush sequences
 
+	errMu sync.Mutex                    // serialises error collection; guards errs
+	errs  [nvc0.MaxChannels]*FaultError // each channel's first error report (intr.go)
+
 	mu       sync.Mutex // guards the fields below
 	closed   bool
 	bar3     *barSpace

@@ -18,24 +18,39 @@ var (
 	ErrClosed       = errors.New("closed")
 )
 
-// FaultError describes a channel that the GPU stopped. It wraps ErrChannelFault.
+// FaultError describes a channel that the GPU stopped: an MMU fault record
+// (MMU true: Unit, Addr, Reason, Write) or a PBDMA error (PBDMA, Intr,
+// Method, Data). It wraps ErrChannelFault.
 type FaultError struct {
 	Channel int
-	Addr    uint64 // faulting GPU virtual address (when the report names this channel)
-	Reason  uint32 // nvc0.FaultReason*
-	Write   bool
-	Known   bool // the fault report registers named this channel
+	Known   bool // a report named this channel (false: it stopped, cause unknown)
+
+	MMU    bool
+	Unit   int    // nvc0.FaultUnit*
+	Addr   uint64 // faulting GPU virtual address
+	Reason uint32 // nvc0.FaultReason*
+	Write  bool
+
+	PBDMA  int
+	Intr   uint32 // nvc0.PBDMAIntr*
+	Method uint32 // the offending method (byte offset) and its subchannel
+	Subc   uint32
+	Data   uint32
 }
 
 func (e *FaultError) Error() string {
-	if !e.Known {
+	switch {
+	case !e.Known:
 		return fmt.Sprintf("channel %d stopped by the GPU", e.Channel)
+	case e.MMU:
+		op := "read"
+		if e.Write {
+			op = "write"
+		}
+		return fmt.Sprintf("channel %d fault: %s at %#x (%s, unit %#x)", e.Channel, op, e.Addr, nvc0.FaultReasonName(e.Reason), e.Unit)
 	}
-	op := "read"
-	if e.Write {
-		op = "write"
-	}
-	return fmt.Sprintf("channel %d fault: %s at %#x (%s)", e.Channel, op, e.Addr, nvc0.FaultReasonName(e.Reason))
+	return fmt.Sprintf("channel %d method error: PBDMA %d intr %#x at subchannel %d method %#x data %#x",
+		e.Channel, e.PBDMA, e.Intr, e.Subc, e.Method, e.Data)
 }
 
 // Unwrap makes errors.Is(err, ErrChannelFault) true.

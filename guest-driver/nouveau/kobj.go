@@ -17,6 +17,11 @@ type kobj struct {
 // newKobj allocates and zeroes a kernel object, mapping it into BAR3 when the
 // driver writes kernel objects through BAR3 and BAR3 is up.
 func (d *Device) newKobj(size, align uint64) (*kobj, error) {
+	return d.newKobjZeroing(size, align, size)
+}
+
+// newKobjZeroing is newKobj zeroing only the first zero bytes.
+func (d *Device) newKobjZeroing(size, align, zero uint64) (*kobj, error) {
 	addr, err := d.AllocVRAM(size, align)
 	if err != nil {
 		return nil, err
@@ -34,7 +39,7 @@ func (d *Device) newKobj(size, align uint64) (*kobj, error) {
 			o.bar3, o.inBAR3 = va, true
 		}
 	}
-	for off := uint64(0); off < size; off += 4 {
+	for off := uint64(0); off < min(zero, size); off += 4 {
 		d.kwr32(o, off, 0)
 	}
 	return o, nil
