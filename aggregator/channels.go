@@ -252,6 +252,7 @@ func (v *VGPU) submitPlaylist(val uint32) {
 		v.chans[i].listed = listed[i]
 	}
 	v.syncPlaylist()
+	v.verr.RunlistDone() // the update completed inside the trap
 }
 
 // syncPlaylist puts the guest's running, listed channels on the physical

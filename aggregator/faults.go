@@ -134,6 +134,9 @@ func (f *physFaults) collect() {
 		f.log.Error("PFIFO error", "intr", intr, "chan_table", f.rd(nvc0.RegChanTableError), "sched", f.rd(nvc0.RegSchedError))
 		f.wr(nvc0.RegPFIFOIntr, latched)
 	}
+	if intr&nvc0.PFIFOIntrRunlist != 0 { // the aggregator's own playlist updates
+		f.wr(nvc0.RegRunlistIntr, f.rd(nvc0.RegRunlistIntr))
+	}
 	if intr&(nvc0.PFIFOIntrMMUFault|nvc0.PFIFOIntrPBDMA) == 0 {
 		return
 	}

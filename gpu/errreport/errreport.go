@@ -2,8 +2,9 @@
 // MMU fault records per fault unit (0x2800 + 0x10·unit, announced in the
 // unit mask 0x259C and PFIFO_INTR bit 28), PBDMA errors (INTR, method,
 // data and channel of each PBDMA, announced in 0x25A0 and PFIFO_INTR bit
-// 29), and PFIFO_INTR's latched bits (nvkm/engine/fifo/gf100.c
-// gf100_fifo_intr, gf100_fifo_intr_mmu_fault, gf100_runq_intr). The
+// 29), the runlist-done interrupt (0x2A00, PFIFO_INTR bit 30) and
+// PFIFO_INTR's latched bits (nvkm/engine/fifo/gf100.c gf100_fifo_intr,
+// gf100_fifo_intr_mmu_fault, gf100_runq_intr, gf100_fifo_intr_runlist). The
 // simulated board presents its own errors through it and the aggregator
 // presents each VM's (translated) errors through another instance.
 //
@@ -47,6 +48,7 @@ type Reports struct {
 	intrEn   uint32
 	chanErr  uint32 // RegChanTableError
 	schedErr uint32 // RegSchedError
+	runlist  uint32 // RegRunlistIntr
 	faults   [nvc0.NumFaultUnits][]Fault
 	pbdma    [nvc0.NumPBDMAs][]PBDMAError
 	pbdmaEn  [nvc0.NumPBDMAs]uint32
@@ -98,6 +100,14 @@ func (r *Reports) SchedError(code uint32) {
 	r.mu.Unlock()
 }
 
+// RunlistDone raises the runlist-done interrupt (RegRunlistIntr bit 28,
+// PFIFO_INTR bit 30), which a driver waits on after a playlist update.
+func (r *Reports) RunlistDone() {
+	r.mu.Lock()
+	r.runlist |= nvc0.RunlistIntrDone
+	r.mu.Unlock()
+}
+
 // Dropped returns how many records were dropped on full queues.
 func (r *Reports) Dropped() uint64 {
 	r.mu.Lock()
@@ -116,13 +126,16 @@ func (r *Reports) Pending() bool {
 func (r *Reports) Clear() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.latched, r.chanErr, r.schedErr = 0, 0, 0
+	r.latched, r.chanErr, r.schedErr, r.runlist = 0, 0, 0, 0
 	r.faults = [nvc0.NumFaultUnits][]Fault{}
 	r.pbdma = [nvc0.NumPBDMAs][]PBDMAError{}
 }
 
 func (r *Reports) intrLocked() uint32 {
 	v := r.latched
+	if r.runlist != 0 {
+		v |= nvc0.PFIFOIntrRunlist
+	}
 	for _, q := range r.faults {
 		if len(q) > 0 {
 			v |= nvc0.PFIFOIntrMMUFault
@@ -141,7 +154,7 @@ func (r *Reports) intrLocked() uint32 {
 // Offsets returns every BAR0 offset the register file decodes.
 func Offsets() []uint32 {
 	offs := []uint32{nvc0.RegPFIFOIntr, nvc0.RegPFIFOIntrEn, nvc0.RegChanTableError, nvc0.RegSchedError,
-		nvc0.RegFaultUnitMask, nvc0.RegPBDMAIntrSource}
+		nvc0.RegFaultUnitMask, nvc0.RegPBDMAIntrSource, nvc0.RegRunlistIntr}
 	for u := range nvc0.NumFaultUnits {
 		offs = append(offs, nvc0.RegFaultInst(u), nvc0.RegFaultVALo(u), nvc0.RegFaultVAHi(u), nvc0.RegFaultType(u))
 	}
@@ -165,6 +178,8 @@ func (r *Reports) Read(off uint32) (val uint32, ok bool) {
 		return r.chanErr, true
 	case nvc0.RegSchedError:
 		return r.schedErr, true
+	case nvc0.RegRunlistIntr:
+		return r.runlist, true
 	case nvc0.RegFaultUnitMask:
 		var m uint32
 		for u, q := range r.faults {
@@ -237,6 +252,9 @@ func (r *Reports) Write(off, v uint32) bool {
 		return true
 	case nvc0.RegPBDMAIntrSource:
 		return true // follows the PBDMAs' INTR
+	case nvc0.RegRunlistIntr:
+		r.runlist &^= v
+		return true
 	}
 	p, reg, ok := pbdmaField(off)
 	if !ok {

@@ -66,10 +66,18 @@ func TestReportsLikeGF100(t *testing.T) {
 	if r.Pending() {
 		t.Fatal("still pending")
 	}
+	r.RunlistDone()
+	if rd(nvc0.RegPFIFOIntr) != nvc0.PFIFOIntrRunlist || rd(nvc0.RegRunlistIntr) != nvc0.RunlistIntrDone {
+		t.Fatal("runlist done")
+	}
+	r.Write(nvc0.RegRunlistIntr, nvc0.RunlistIntrDone)
+	if r.Pending() {
+		t.Fatal("runlist done not cleared")
+	}
 	if r.Write(nvc0.RegPBDMAChan(0), 1) || r.Write(0x1234, 1) {
 		t.Fatal("a read-only or unknown register took a write")
 	}
-	if _, ok := r.Read(nvc0.RegFaultRecord0 + nvc0.NumFaultUnits*0x10); ok {
+	if _, ok := r.Read(nvc0.RegFaultRecord0 + nvc0.NumFaultUnits*0x10 + 4); ok {
 		t.Fatal("an offset past the records decoded")
 	}
 }

@@ -44,6 +44,8 @@ func TestABIParity(t *testing.T) {
 		{"runlist entry word 1", PlaylistEntryWord1, 4, "gf100_runl_insert_chan"},
 		{"MMU fault unit mask", RegFaultUnitMask, 0x259C, "gf100_fifo_intr_mmu_fault"},
 		{"PBDMA interrupt source", RegPBDMAIntrSource, 0x25A0, "gf100_fifo_intr_pbdma"},
+		{"runlist interrupt", RegRunlistIntr, 0x2A00, "gf100_fifo_intr_runlist"},
+		{"runlist interrupt: update done", RunlistIntrDone, 0x10000000, "gf100_fifo_intr_runlist"},
 		{"preempt", RegPreempt, 0x2634, "gf100_chan_preempt"},
 		{"preempt pending", PreemptPending, 0x00100000, "gf100_runl_preempt_pending"},
 		{"engine status", RegEngineStatus0, 0x2640, "gf100_engn_status"},

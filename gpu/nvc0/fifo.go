@@ -54,6 +54,10 @@ const (
 	PlaylistEntryWord1      = 0x00000004
 )
 
+// RunlistIntrDone is RegRunlistIntr's "runlist update done" bit
+// (gf100_fifo_intr_runlist acks 0x10000000).
+const RunlistIntrDone = 0x10000000
+
 // PlaylistSubmitEncode encodes the playlist-submit register for count entries.
 func PlaylistSubmitEncode(count int) uint32 {
 	return PlaylistEngineAll | uint32(count)&PlaylistCountMask

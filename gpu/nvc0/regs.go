@@ -29,6 +29,7 @@ const (
 	RegSchedError      = 0x00254C // scheduler error code, with PFIFOIntrSchedError (gf100_fifo_intr_sched)
 	RegFaultUnitMask   = 0x00259C // MMU fault source mask: bit u = a fault record of unit u; write 1 to release it (gf100_fifo_intr_mmu_fault)
 	RegPBDMAIntrSource = 0x0025A0 // PBDMA interrupt source mask: bit r = PBDMA r; write 1 to clear (gf100_fifo_intr_pbdma)
+	RegRunlistIntr     = 0x002A00 // runlist interrupt: RunlistIntrDone when an update completed; write 1 to clear (gf100_fifo_intr_runlist)
 	// RegPreempt preempts a channel: write its id; PreemptPending reads set
 	// until the channel's context is off the engines (gf100_chan_preempt,
 	// gf100_runl_preempt_pending).

@@ -305,6 +305,12 @@ func (r *rig) submitPlaylist() {
 	}
 	r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistAddr, nvc0.PlaylistAddrEncode(r.pl))
 	r.b.Write32(nvc0.BAR0, nvc0.RegPlaylistSubmit, nvc0.PlaylistSubmitEncode(len(r.list)))
+	// The update is done: acknowledge the runlist interrupt, as
+	// gf100_fifo_intr_runlist does.
+	if r.b.Read32(nvc0.BAR0, nvc0.RegRunlistIntr) != nvc0.RunlistIntrDone {
+		r.t.Fatalf("no runlist-done interrupt after a playlist update")
+	}
+	r.b.Write32(nvc0.BAR0, nvc0.RegRunlistIntr, nvc0.RunlistIntrDone)
 }
 
 func (r *rig) addToPlaylist(id int) {

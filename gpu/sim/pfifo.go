@@ -207,6 +207,7 @@ func (b *Board) submitPlaylist(reg uint32, count int) {
 			c.wake()
 		}
 	}
+	b.intr.RunlistDone()
 }
 
 // preempt takes channel v's context off the engines (RegPreempt): its

@@ -31,6 +31,9 @@ func (d *Device) collectErrors() error {
 		d.log.Warn("PFIFO error", "intr", intr, "chan_table", d.rd(nvc0.RegChanTableError), "sched", d.rd(nvc0.RegSchedError))
 		d.wr(nvc0.RegPFIFOIntr, latched)
 	}
+	if intr&nvc0.PFIFOIntrRunlist != 0 { // playlist updates done (gf100_fifo_intr_runlist)
+		d.wr(nvc0.RegRunlistIntr, d.rd(nvc0.RegRunlistIntr))
+	}
 	if intr&(nvc0.PFIFOIntrMMUFault|nvc0.PFIFOIntrPBDMA) == 0 {
 		return nil
 	}
