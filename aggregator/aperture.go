@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/shadow"
 )
@@ -75,8 +76,10 @@ func (b *barShadow) clear() error {
 }
 
 // apertureRead handles a trapped guest read of BAR1 or BAR3. Reads of a
-// channel's GP_GET in the poll area return the GPU's value (from the
-// shadow user area), and of GP_PUT the guest's last doorbell.
+// channel's GP_GET, DMA_GET(_HI) or reference in the poll area return the
+// GPU's value (from the shadow user area), and of GP_PUT the guest's last
+// doorbell. A page the guest's BAR maps nothing at faults in the guest's
+// own register file and never reaches the board.
 func (v *VGPU) apertureRead(bar int, off uint64) uint32 {
 	b := v.barShadowOf(bar)
 	if off >= b.slice.Size {
@@ -87,13 +90,41 @@ func (v *VGPU) apertureRead(bar int, off uint64) uint32 {
 		switch f {
 		case fieldGPPut:
 			return v.chans[ch].put
-		case fieldGPGet:
-			if get, ok := v.shadowGPGet(ch); ok {
-				return get
+		case fieldGPGet, fieldGPUWritten:
+			if val, ok := v.shadowUserWord(ch, off-v.pollBase-uint64(ch)*nvc0.UserAreaSize); ok {
+				return val
 			}
 		}
 	}
+	if mapped, _ := b.sp.Access(int(off / nvc0.PageSize)); !mapped {
+		b.fault(off, false, nvc0.FaultReasonPageNotPresent)
+		return 0
+	}
 	return v.agg.gpu.Read32(bar, b.slice.Base+off)
+}
+
+// fault files a BAR fault of the guest's own access in its register file,
+// as the board would report it (unit BAR1/BAR3, hub client BAR read or
+// write, the guest's BAR instance and aperture offset).
+func (b *barShadow) fault(off uint64, write bool, reason uint32) {
+	unit, client := nvc0.FaultUnitBAR1, uint32(nvc0.FaultClientBARRead)
+	if b.bar == nvc0.BAR3 {
+		unit = nvc0.FaultUnitBAR3
+	}
+	typ := reason | nvc0.FaultTypeHub
+	if write {
+		client = nvc0.FaultClientBARWrite
+		typ |= nvc0.FaultTypeWrite
+	}
+	inst := b.v.emu[nvc0.RegBAR1Inst]
+	if b.bar == nvc0.BAR3 {
+		inst = b.v.emu[nvc0.RegBAR3Inst]
+	}
+	b.v.deliverFault(unit, errreport.Fault{
+		Inst: inst & (nvc0.ChanInstMask | 3<<nvc0.ChanInstTargetShift),
+		VALo: uint32(off), VAHi: uint32(off >> 32),
+		Type: typ | client<<nvc0.FaultTypeClientShift,
+	})
 }
 
 // apertureWrite handles a trapped guest write of BAR1 or BAR3: the write
@@ -106,7 +137,14 @@ func (v *VGPU) apertureWrite(bar int, off uint64, val uint32) {
 		v.deny("write", bar, off, val)
 		return
 	}
-	v.agg.gpu.Write32(bar, b.slice.Base+off, val)
+	switch mapped, ro := b.sp.Access(int(off / nvc0.PageSize)); {
+	case !mapped:
+		b.fault(off, true, nvc0.FaultReasonPageNotPresent)
+	case ro:
+		b.fault(off, true, nvc0.FaultReasonReadOnly)
+	default:
+		v.agg.gpu.Write32(bar, b.slice.Base+off, val)
+	}
 	if ch, f, ok := v.pollWord(bar, off); ok && f == fieldGPPut {
 		// The guest's GP_PUT never reaches the GPU's user area: only the
 		// dispatcher writes that, when the policy releases the submission.

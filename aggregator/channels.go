@@ -193,6 +193,9 @@ func (v *VGPU) startChannel(i int) {
 	if err := v.agg.gpu.WriteVRAM(zero[:], c.sh.ShadowUserArea()+nvc0.UserGPPut); err != nil {
 		v.log.Error("reset shadow GP_PUT", "channel", i, "err", err)
 	}
+	// Deliver what the channel reported before: the board then holds no
+	// report of it while it runs again (one per channel at most).
+	v.agg.faults.collect()
 	v.agg.faults.started(v.phys(i))
 	v.agg.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(v.phys(i))), nvc0.ChanCtlDefault)
 	c.running = true

@@ -80,11 +80,17 @@ func (v *VGPU) fecsCommand(cmd uint32) {
 }
 
 // ownInstRead translates a register that names the channel an engine has
-// loaded (FECS CHAN_ADDR, a copy engine's CHANNEL_CUR): if it is one of the
-// guest's channels the guest reads its own instance word with the valid
-// bit; any other channel reads as none.
-func ownInstRead(valid uint32) func(v *VGPU, off uint32) uint32 {
+// loaded (FECS CHAN_ADDR, a copy engine's CHANNEL_CUR): while the engine
+// (PFIFO engine id engine) runs one of the guest's channels and the
+// register names it, the guest reads its own instance word with the valid
+// bit; otherwise none. A context left resident after its work ended reads
+// as none too: whether it is still there depends on whether another VM
+// used the engine since.
+func ownInstRead(valid uint32, engine int) func(v *VGPU, off uint32) uint32 {
 	return func(v *VGPU, off uint32) uint32 {
+		if engineStatusRead(v, nvc0.RegEngineStatus(engine)) == 0 {
+			return 0
+		}
 		val := v.agg.gpu.Read32(nvc0.BAR0, uint64(off))
 		if val&valid == 0 || nvc0.InstTarget(val) != nvc0.MemTargetVRAM {
 			return 0

@@ -429,11 +429,19 @@ func (d *dispatcher) completed(s *submission) (bool, error) {
 	return false, nil
 }
 
-// mirror copies the GPU's GP_GET into the guest's user area, for guest
-// reads that do not trap (a passed-through poll page, PRAMIN).
+// mirror copies what the GPU wrote in the shadow user area — GP_GET, and
+// with it DMA_GET, the reference and DMA_GET_HI — into the guest's user
+// area, for guest reads that do not trap (a passed-through poll page,
+// PRAMIN). The others change only with GP_GET, so they are copied then.
 func (d *dispatcher) mirror(s *submission, get uint32) {
 	if get == s.mirrored || s.guestUser == 0 {
 		return
+	}
+	for _, r := range [...]struct{ off, n uint64 }{{nvc0.UserDMAGet, 8}, {nvc0.UserDMAGetHi, 4}} { // DMA_GET and reference; DMA_GET_HI
+		var w [8]byte
+		if err := d.a.gpu.ReadVRAM(w[:r.n], s.shadowUser+r.off); err == nil {
+			_ = d.a.gpu.WriteVRAM(w[:r.n], s.guestUser+r.off)
+		}
 	}
 	var b [4]byte
 	binary.LittleEndian.PutUint32(b[:], get)

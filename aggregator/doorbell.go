@@ -33,6 +33,7 @@ const (
 	fieldOther pollField = iota
 	fieldGPGet
 	fieldGPPut
+	fieldGPUWritten // DMA_GET, DMA_GET_HI, reference: the GPU writes them
 )
 
 // pollWord reports whether a BAR1 offset is a word of one of the guest's
@@ -51,6 +52,8 @@ func (v *VGPU) pollWord(bar int, off uint64) (ch int, f pollField, ok bool) {
 		f = fieldGPPut
 	case nvc0.UserGPGet:
 		f = fieldGPGet
+	case nvc0.UserDMAGet, nvc0.UserDMAGetHi, nvc0.UserRef:
+		f = fieldGPUWritten
 	default:
 		f = fieldOther
 	}
@@ -58,13 +61,17 @@ func (v *VGPU) pollWord(bar int, off uint64) (ch int, f pollField, ok bool) {
 }
 
 // shadowGPGet returns GP_GET of guest channel i as the GPU keeps it.
-func (v *VGPU) shadowGPGet(i int) (uint32, bool) {
+func (v *VGPU) shadowGPGet(i int) (uint32, bool) { return v.shadowUserWord(i, nvc0.UserGPGet) }
+
+// shadowUserWord returns the word at offset off of guest channel i's user
+// area as the GPU keeps it (its shadow user area).
+func (v *VGPU) shadowUserWord(i int, off uint64) (uint32, bool) {
 	c := &v.chans[i]
 	if c.sh == nil {
 		return 0, false
 	}
 	var b [4]byte
-	if err := v.agg.gpu.ReadVRAM(b[:], c.sh.ShadowUserArea()+nvc0.UserGPGet); err != nil {
+	if err := v.agg.gpu.ReadVRAM(b[:], c.sh.ShadowUserArea()+off); err != nil {
 		return 0, false
 	}
 	return binary.LittleEndian.Uint32(b[:]), true

@@ -188,11 +188,13 @@ func (f *physFaults) routeFault(u int, rec errreport.Fault) {
 			}
 		}
 		f.unclaimed++
+		f.log.Warn("BAR fault of the aggregator's own access", "unit", u, "va", va, "type", rec.Type)
 		return
 	}
 	r, ok := f.byInst[nvc0.InstDecode(rec.Inst)]
 	if !ok || nvc0.InstTarget(rec.Inst) != nvc0.MemTargetVRAM {
 		f.unclaimed++
+		f.log.Warn("MMU fault naming no VM's channel", "unit", u, "inst", rec.Inst, "va", rec.VA(), "type", rec.Type)
 		return
 	}
 	for p, route := range f.byPhys {
@@ -211,6 +213,7 @@ func (f *physFaults) routePBDMA(p int, e errreport.PBDMAError) {
 	r, ok := f.byPhys[ch]
 	if !ok {
 		f.unclaimed++
+		f.log.Warn("PBDMA error naming no VM's channel", "pbdma", p, "channel", ch, "intr", e.Intr)
 		return
 	}
 	f.hadError[ch] = true

@@ -22,12 +22,33 @@ func (c regClass) String() string {
 	return [...]string{"denied", "emulated", "translated", "passthrough"}[c]
 }
 
+// visibility says what the value a guest reads from a register may depend
+// on. The rule (issue 20): nothing a VM reads depends on another VM — each
+// readable register reflects only the VM's own vGPU, or a constant of the
+// board model, or a value deliberately shared, with the reason stated.
+type visibility int
+
+const (
+	visUnstated visibility = iota // not allowed for a readable register (TestRegisterVisibility)
+	visOwn                        // only this VM's own vGPU
+	visConstant                   // a constant of the board model
+	visShared                     // the same for every VM, deliberately (see why)
+)
+
+// String names the visibility.
+func (v visibility) String() string {
+	return [...]string{"unstated", "own", "constant", "shared"}[v]
+}
+
 // regHandler handles one register. A nil read or write is denied. Handlers
-// run with the vGPU's lock held.
+// run with the vGPU's lock held. A readable register states its
+// visibility; a shared one says why sharing it is harmless.
 type regHandler struct {
 	class regClass
 	read  func(v *VGPU, off uint32) uint32
 	write func(v *VGPU, off uint32, val uint32)
+	vis   visibility
+	why   string
 }
 
 type rangeHandler struct {
@@ -59,44 +80,56 @@ func constant(c uint32) func(*VGPU, uint32) uint32 { return func(*VGPU, uint32) 
 func physRead(v *VGPU, off uint32) uint32          { return v.agg.gpu.Read32(nvc0.BAR0, uint64(off)) }
 
 // emulated is plain per-VM storage.
-var emulated = regHandler{class: regEmulated, read: emuRead, write: emuWrite}
+var emulated = regHandler{class: regEmulated, read: emuRead, write: emuWrite, vis: visOwn}
+
+// fixed is a read-only register holding a constant of the board model.
+func fixed(c uint32) regHandler {
+	return regHandler{class: regEmulated, read: constant(c), vis: visConstant}
+}
+
+// ptimer is PTIMER, the one value every VM reads alike: nanoseconds since
+// the board came up. Sharing it is harmless: it carries no VM's activity,
+// and each VM has the same clock through its CPU (Xen's own time sources).
+const ptimerWhy = "a clock: carries no VM's activity, and every VM has the same time from its CPU"
 
 func newRegTable() regTable {
 	t := regTable{exact: map[uint32]regHandler{
-		nvc0.RegBoot0:     {class: regEmulated, read: constant(nvc0.Boot0Value)},
+		nvc0.RegBoot0:     fixed(nvc0.Boot0Value),
 		nvc0.RegPMCEnable: emulated, // a VM must not switch engines off for everyone
 
-		nvc0.RegPRAMINWindow: {class: regEmulated, read: emuRead, write: praminWindowWrite},
-		nvc0.RegBAR1Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[0].setInst(val) }},
-		nvc0.RegBAR3Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[1].setInst(val) }},
+		nvc0.RegPRAMINWindow: {class: regEmulated, read: emuRead, write: praminWindowWrite, vis: visOwn},
+		nvc0.RegBAR1Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[0].setInst(val) }, vis: visOwn},
+		nvc0.RegBAR3Inst:     {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.bars[1].setInst(val) }, vis: visOwn},
 
 		nvc0.RegPollArea: {class: regEmulated, read: emuRead, write: func(v *VGPU, off, val uint32) {
 			v.emu[off] = val
 			v.pollOn = val&nvc0.PollAreaEnable != 0
 			v.pollBase = uint64(val&nvc0.PollAreaMask) << nvc0.PageShift
 			v.remapStale = true
-		}},
+		}, vis: visOwn},
 		nvc0.RegPlaylistAddr:                 emulated,
-		nvc0.RegPlaylistSubmit:               {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.submitPlaylist(val) }},
-		nvc0.RegPlaylistStatus:               {class: regEmulated, read: constant(0)}, // submissions complete inside the trap
-		nvc0.RegPreempt:                      {class: regEmulated, read: emuRead, write: preemptWrite},
-		nvc0.RegEngineStatus(nvc0.EngineGR):  {class: regTranslated, read: engineStatusRead},
-		nvc0.RegEngineStatus(nvc0.EngineCE0): {class: regTranslated, read: engineStatusRead},
-		nvc0.RegEngineStatus(nvc0.EngineCE1): {class: regTranslated, read: engineStatusRead},
+		nvc0.RegPlaylistSubmit:               {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.submitPlaylist(val) }, vis: visOwn},
+		nvc0.RegPlaylistStatus:               fixed(0), // submissions complete inside the trap
+		nvc0.RegPreempt:                      {class: regEmulated, read: emuRead, write: preemptWrite, vis: visOwn},
+		nvc0.RegEngineStatus(nvc0.EngineGR):  {class: regTranslated, read: engineStatusRead, vis: visOwn},
+		nvc0.RegEngineStatus(nvc0.EngineCE0): {class: regTranslated, read: engineStatusRead, vis: visOwn},
+		nvc0.RegEngineStatus(nvc0.EngineCE1): {class: regTranslated, read: engineStatusRead, vis: visOwn},
 
+		// A flush completes inside the trap (the board's does at once), so
+		// it always reads done.
 		nvc0.RegFlush: {class: regPassthrough, read: constant(0), write: func(v *VGPU, _, val uint32) {
 			v.agg.gpu.Write32(nvc0.BAR0, nvc0.RegFlush, val&nvc0.FlushTrigger)
-		}},
-		nvc0.RegTimerLow:  {class: regPassthrough, read: physRead},
-		nvc0.RegTimerHigh: {class: regPassthrough, read: physRead},
+		}, vis: visConstant},
+		nvc0.RegTimerLow:  {class: regPassthrough, read: physRead, vis: visShared, why: ptimerWhy},
+		nvc0.RegTimerHigh: {class: regPassthrough, read: physRead, vis: visShared, why: ptimerWhy},
 
 		// The guest sees one memory partition holding its whole slice, by
 		// the current registers and by the ones older nouveau read.
-		nvc0.RegMemPartCount:    {class: regEmulated, read: constant(1)},
-		nvc0.RegMemPartMask:     {class: regEmulated, read: constant(0)},
-		nvc0.RegMemLTCCount:     {class: regEmulated, read: constant(1)},
-		nvc0.MemPartSize(0):     {class: regEmulated, read: sliceMiB},
-		nvc0.RegVRAMPartSizeOld: {class: regEmulated, read: sliceMiB},
+		nvc0.RegMemPartCount:    fixed(1),
+		nvc0.RegMemPartMask:     fixed(0),
+		nvc0.RegMemLTCCount:     fixed(1),
+		nvc0.MemPartSize(0):     {class: regEmulated, read: sliceMiB, vis: visOwn},
+		nvc0.RegVRAMPartSizeOld: {class: regEmulated, read: sliceMiB, vis: visOwn},
 
 		// Physical addresses outside the page tables: per-VM storage that
 		// never reaches the board (the host page FB flushes, the GPC MMU
@@ -106,40 +139,41 @@ func newRegTable() regTable {
 		nvc0.RegGPCMMUDebugRd:   emulated,
 
 		// Flushes complete inside the trap, so the MMU always looks idle and done.
-		nvc0.RegMMUStatus:       {class: regEmulated, read: constant(nvc0.MMUStatusFreeSlots | nvc0.MMUStatusFlushDone)},
+		nvc0.RegMMUStatus:       fixed(nvc0.MMUStatusFreeSlots | nvc0.MMUStatusFlushDone),
 		nvc0.RegTLBFlushPD:      emulated,
-		nvc0.RegTLBFlushTrigger: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.tlbFlush(val) }},
+		nvc0.RegTLBFlushTrigger: {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.tlbFlush(val) }, vis: visOwn},
 
-		nvc0.RegPGRAPHStatus:    {class: regPassthrough, read: physRead},
+		// Busy only while the compute engine runs one of the VM's own channels.
+		nvc0.RegPGRAPHStatus:    {class: regTranslated, read: pgraphStatusRead, vis: visOwn},
 		nvc0.RegFECSData:        emulated,
-		nvc0.RegFECSCmd:         {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.fecsCommand(val) }},
+		nvc0.RegFECSCmd:         {class: regTranslated, read: emuRead, write: func(v *VGPU, off, val uint32) { v.emu[off] = val; v.fecsCommand(val) }, vis: visOwn},
 		nvc0.RegFECSStatus:      emulated,
 		nvc0.RegFECSReglistData: emulated,
 		nvc0.RegFECSClear: {class: regEmulated, write: func(v *VGPU, _, val uint32) {
 			v.emu[nvc0.RegFECSStatus] &^= val
-		}},
+		}, vis: visOwn},
 		// The channel an engine has loaded: translated to the guest's own
 		// instance, or none; the host never writes these.
-		nvc0.RegFECSChanAddr: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid)},
-		nvc0.RegFECSChanNext: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid)},
+		nvc0.RegFECSChanAddr: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid, nvc0.EngineGR), vis: visOwn},
+		nvc0.RegFECSChanNext: {class: regTranslated, read: ownInstRead(nvc0.FECSChanValid, nvc0.EngineGR), vis: visOwn},
 	}}
 	for i := 1; i < nvc0.MaxMemPartitions; i++ {
-		t.exact[nvc0.MemPartSize(i)] = regHandler{class: regEmulated, read: constant(0)}
+		t.exact[nvc0.MemPartSize(i)] = fixed(0)
 	}
-	for i := range nvc0.NumCopyEngines {
-		t.exact[nvc0.RegCEChanCur(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid)}
-		t.exact[nvc0.RegCEChanNext(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid)}
+	for i, engine := range [nvc0.NumCopyEngines]int{nvc0.EngineCE0, nvc0.EngineCE1} {
+		t.exact[nvc0.RegCEChanCur(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid, engine), vis: visOwn}
+		t.exact[nvc0.RegCEChanNext(i)] = regHandler{class: regTranslated, read: ownInstRead(nvc0.CEChanValid, engine), vis: visOwn}
 	}
 	// The error-report registers: each VM's own register file, holding the
 	// board's reports about its channels, translated (faults.go).
 	for _, off := range errreport.Offsets() {
-		t.exact[off] = regHandler{class: regTranslated, read: errRegRead, write: errRegWrite}
+		t.exact[off] = regHandler{class: regTranslated, read: errRegRead, write: errRegWrite, vis: visOwn}
 	}
 	t.ranges = []rangeHandler{
 		{nvc0.RegChanTable, nvc0.RegChanTable + nvc0.MaxChannels*nvc0.ChanTableStride,
-			regHandler{class: regTranslated, read: chanTableRead, write: chanTableWrite}},
+			regHandler{class: regTranslated, read: chanTableRead, write: chanTableWrite, vis: visOwn}},
 		{nvc0.PRAMINBase, nvc0.PRAMINBase + nvc0.PRAMINSize,
-			regHandler{class: regTranslated, read: praminRead, write: praminWrite}},
+			regHandler{class: regTranslated, read: praminRead, write: praminWrite, vis: visOwn}},
 	}
 	sort.Slice(t.ranges, func(i, j int) bool { return t.ranges[i].lo < t.ranges[j].lo })
 	return t
@@ -205,6 +239,16 @@ func praminWrite(v *VGPU, off, val uint32) {
 	}
 }
 
+// pgraphStatusRead shows the compute engine busy only while it runs one of
+// the VM's own channels (the engine status register names the channel):
+// another VM's kernels read idle.
+func pgraphStatusRead(v *VGPU, _ uint32) uint32 {
+	if engineStatusRead(v, nvc0.RegEngineStatus(nvc0.EngineGR)) != 0 {
+		return nvc0.PGRAPHStatusBusy
+	}
+	return 0
+}
+
 // engineStatusRead shows a PFIFO engine busy only with one of the VM's own
 // channels (as the guest's channel id); another VM's work reads idle.
 func engineStatusRead(v *VGPU, off uint32) uint32 {
@@ -214,6 +258,17 @@ func engineStatusRead(v *VGPU, off uint32) uint32 {
 		return 0
 	}
 	return nvc0.EngineStatusBusy | uint32(p-v.Slot.ChanBase)
+}
+
+// RegisterVisibility returns what a guest's read of the BAR0 offset off may
+// depend on ("own", "constant" or "shared", with the reason for a shared
+// one), and whether the offset is readable at all.
+func (a *Aggregator) RegisterVisibility(off uint32) (vis, why string, readable bool) {
+	h, ok := a.regs.lookup(off)
+	if !ok || h.read == nil {
+		return "", "", false
+	}
+	return h.vis.String(), h.why, true
 }
 
 // RegisterClass returns how the aggregator virtualizes the BAR0 offset off

@@ -122,7 +122,7 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 		}
 	}
 	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, emu: map[uint32]uint32{},
-		windowOK: true, verr: errreport.New(virtualQueue),
+		windowOK: true, verr: errreport.New(max(virtualQueue, slot.Chans)),
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
 		chans: make([]vchan, slot.Chans),
 		log:   a.log.With("vgpu", slot.Index, "domid", g.DomID, "name", g.Name),

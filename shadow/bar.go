@@ -78,6 +78,16 @@ func (b *BARSpace) GuestPD() uint64 {
 // (NoGuestPage if none, or if it maps system memory).
 func (b *BARSpace) GuestPage(i int) uint64 { return b.guest[i] }
 
+// Access reports whether aperture page i maps anything now (in the shadow
+// the board uses) and whether the mapping is read-only.
+func (b *BARSpace) Access(i int) (mapped, readOnly bool) {
+	e := b.t.cur[i]
+	if e == 0 {
+		return false, false
+	}
+	return true, nvc0.DecodePTE(uint32(e), uint32(e>>32)).ReadOnly
+}
+
 // Pages returns the number of aperture pages.
 func (b *BARSpace) Pages() int { return len(b.guest) }
 
@@ -170,7 +180,10 @@ func (b *BARSpace) scanGuest() barWant {
 		return w
 	}
 	w.watch = append(w.watch, watched{KindBARInstance, b.guestRAMIN, nvc0.RAMINSize})
-	pd := binary.LittleEndian.Uint64(ramin[nvc0.RAMINPageDir:])
+	pd, target := nvc0.RAMINAddrDecode(binary.LittleEndian.Uint32(ramin[nvc0.RAMINPageDir:]), binary.LittleEndian.Uint32(ramin[nvc0.RAMINPageDir+4:]))
+	if target != nvc0.MemTargetVRAM {
+		return w // a page directory outside VRAM maps nothing
+	}
 	limit := binary.LittleEndian.Uint64(ramin[nvc0.RAMINAddrLimit:])
 	pde := read(pd, nvc0.PDESize)
 	if pde == nil {

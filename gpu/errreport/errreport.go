@@ -60,24 +60,37 @@ type Reports struct {
 func New(limit int) *Reports { return &Reports{max: max(limit, 1)} }
 
 // AddFault queues an MMU fault record for unit u; it reports false (and
-// counts a drop) if u is not a unit or its queue is full.
+// counts a drop) if u is not a unit or its queue is full. A drop sets
+// nvc0.FaultTypeOverflow in the last queued record, so software learns
+// that records were lost after it.
 func (r *Reports) AddFault(u int, f Fault) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if u < 0 || u >= nvc0.NumFaultUnits || len(r.faults[u]) >= r.max {
+	if u < 0 || u >= nvc0.NumFaultUnits {
 		r.dropped++
+		return false
+	}
+	if q := r.faults[u]; len(q) >= r.max {
+		r.dropped++
+		q[len(q)-1].Type |= nvc0.FaultTypeOverflow
 		return false
 	}
 	r.faults[u] = append(r.faults[u], f)
 	return true
 }
 
-// AddPBDMA queues an error on PBDMA p, as AddFault.
+// AddPBDMA queues an error on PBDMA p, as AddFault; a drop sets
+// nvc0.PBDMAChanOverflow in the last queued error's channel register.
 func (r *Reports) AddPBDMA(p int, e PBDMAError) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if p < 0 || p >= nvc0.NumPBDMAs || len(r.pbdma[p]) >= r.max {
+	if p < 0 || p >= nvc0.NumPBDMAs {
 		r.dropped++
+		return false
+	}
+	if q := r.pbdma[p]; len(q) >= r.max {
+		r.dropped++
+		q[len(q)-1].Chan |= nvc0.PBDMAChanOverflow
 		return false
 	}
 	r.pbdma[p] = append(r.pbdma[p], e)

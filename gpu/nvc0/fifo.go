@@ -147,6 +147,10 @@ const (
 	FaultTypeClientMask  = 0x1F
 	FaultTypeGPCShift    = 24
 	FaultTypeGPCMask     = 0x1F
+	// FaultTypeOverflow is sim and vGPU only (bit 31, unused on GF100,
+	// whose units hold one record each): records of this unit were
+	// dropped on a full queue since the presented one was queued.
+	FaultTypeOverflow = 0x80000000
 )
 
 // Hub clients (gf100_fifo_mmu_fault_hubclient) and the GPC client a shader
@@ -249,6 +253,10 @@ const (
 	PBDMAMethodValid     = 0x80000000
 	PBDMAChanMask        = 0x7F
 	PBDMAChanActive      = 0x100
+	// PBDMAChanOverflow is sim and vGPU only (bit 30 of the channel
+	// register): errors of this PBDMA were dropped on a full queue since
+	// the presented one was queued.
+	PBDMAChanOverflow = 0x40000000
 )
 
 // RegPBDMAIntr returns the BAR0 offset of PBDMA r's INTR register.
