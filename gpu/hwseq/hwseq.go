@@ -36,6 +36,11 @@ func Wait(m gpu.MMIO, what string, reg uint32, timeout time.Duration, cond func(
 	deadline := start.Add(timeout)
 	var onesSince time.Time // zero: the last read was not all-ones
 	for i := 0; ; i++ {
+		// The time is taken before the read: the device is gone only if a
+		// read that began GoneAfter after the first all-ones one still
+		// reads all-ones (a pause between a read and this check proves
+		// nothing).
+		at := time.Now()
 		v := m.Read32(nvc0.BAR0, uint64(reg))
 		if cond(v) {
 			return nil
@@ -43,8 +48,8 @@ func Wait(m gpu.MMIO, what string, reg uint32, timeout time.Duration, cond func(
 		if v != nvc0.ReadAllOnes {
 			onesSince = time.Time{}
 		} else if onesSince.IsZero() {
-			onesSince = time.Now()
-		} else if time.Since(onesSince) >= min(GoneAfter, timeout) {
+			onesSince = at
+		} else if at.Sub(onesSince) >= min(GoneAfter, timeout) {
 			return fmt.Errorf("%s: %w", what, ErrDeviceGone)
 		}
 		if i&63 == 63 && time.Now().After(deadline) {
