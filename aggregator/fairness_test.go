@@ -191,6 +191,14 @@ func runDispatcher(t *testing.T, policy string, vms []*loadVM, horizon time.Dura
 			}
 		}
 		busy, until := d.step()
+		// A completion the step just reaped starts the VM's think time now,
+		// not when the loop next comes round (which may be a policy's far
+		// Wait away).
+		for _, vm := range vms {
+			if c := g.chans[vm.phys]; vm.waiting && c.get == vm.put {
+				vm.waiting, vm.next = false, c.doneAt+vm.think
+			}
+		}
 		next := horizon
 		if e := g.nextEvent(); e >= 0 {
 			next = min(next, e)
@@ -280,8 +288,10 @@ func TestDispatcherFairness(t *testing.T) {
 //     is taken, so another VM runs (the thesis' Fig. 4.11 failure of
 //     CREDIT); with one submission in flight each, the madd VM gets its
 //     1/16 and weights are only partly honoured.
-//   - timeslice: 30 ms slices against non-preemptive 15 ms submissions.
-//   - dfq: free runs release everything; weights play no part in them.
+//   - strict: fixed 30 ms slots with a guard of the VM's longest
+//     submission; a 15 ms submission fits once per slot (a second would
+//     overrun), so long-madd uses 15 ms of each of its slots while madd
+//     fills about 28 of its own.
 var known = map[string]map[string]map[string]float64{
 	"fifo": {
 		"madd-vs-long-madd": {"madd": 1.0 / 16, "long-madd": 15.0 / 16},
@@ -295,12 +305,8 @@ var known = map[string]map[string]map[string]float64{
 		"madd-vs-long-madd": {"madd": 1.0 / 16, "long-madd": 15.0 / 16},
 		"weights-1-2-4":     {"w1": 0.200, "w2": 0.400, "w4": 0.400},
 	},
-	"timeslice": {
-		"madd-vs-long-madd": {"madd": 0.341, "long-madd": 0.659},
-	},
-	"dfq": {
-		"madd-vs-long-madd": {"madd": 0.205, "long-madd": 0.795},
-		"weights-1-2-4":     {"w1": 0.304, "w2": 0.349, "w4": 0.347},
+	"strict": {
+		"madd-vs-long-madd": {"madd": 0.653, "long-madd": 0.347},
 	},
 }
 

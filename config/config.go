@@ -156,11 +156,14 @@ const (
 	PolicyTimeslice Policy = "timeslice"
 	// PolicyDFQ is NEON's disengaged fair queueing.
 	PolicyDFQ Policy = "dfq"
+	// PolicyStrict is time-division multiplexing with fixed slots, whatever
+	// the load: the opt-in mode against timing channels between VMs.
+	PolicyStrict Policy = "strict"
 )
 
 // Policies returns every valid policy, in documentation order.
 func Policies() []Policy {
-	return []Policy{PolicyFIFO, PolicyCredit, PolicyBand, PolicyWFQ, PolicyTimeslice, PolicyDFQ}
+	return []Policy{PolicyFIFO, PolicyCredit, PolicyBand, PolicyWFQ, PolicyTimeslice, PolicyDFQ, PolicyStrict}
 }
 
 // PolicyNames returns the names of Policies(), e.g. for command-line help.
@@ -241,7 +244,8 @@ type SchedulerConfig struct {
 	BandWait Duration `toml:"band_wait"`
 	// BandPoll is BAND's poll interval while waiting.
 	BandPoll Duration `toml:"band_poll"`
-	// Timeslice is the slice length of timeslice.
+	// Timeslice is the slice length of timeslice and the slot length of
+	// strict (each times the VM's weight).
 	Timeslice Duration `toml:"timeslice"`
 	// Poll is how long timeslice keeps the GPU for an idle slice holder
 	// (NEON's polling period).

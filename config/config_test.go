@@ -439,7 +439,7 @@ band_wait = "10us"
 band_poll = "50us"
 `,
 			want: []string{
-				`t.toml:2:10: scheduler.policy: unknown policy "lottery" (want one of fifo, credit, band, wfq, timeslice, dfq)`,
+				`t.toml:2:10: scheduler.policy: unknown policy "lottery" (want one of fifo, credit, band, wfq, timeslice, dfq, strict)`,
 				`t.toml:4:13: scheduler.band_poll: band_poll (50µs) is longer than band_wait (10µs)`,
 			},
 		},
@@ -533,7 +533,7 @@ func TestValidateWithoutFile(t *testing.T) {
 	got := problems(t, c.Validate())
 	want := []string{
 		"partition.vram_per_vm: max_vms (8) × vram_per_vm (512MiB) + reserved (3GiB) = 7GiB exceeds the board's vram (6GiB)",
-		`scheduler.policy: unknown policy "nope" (want one of fifo, credit, band, wfq, timeslice, dfq)`,
+		`scheduler.policy: unknown policy "nope" (want one of fifo, credit, band, wfq, timeslice, dfq, strict)`,
 		`vm[1].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental`,
 		"vm[2]: needs a name or a domid to match a VM",
 	}
@@ -669,7 +669,7 @@ func TestNames(t *testing.T) {
 			t.Errorf("policy %q not valid", p)
 		}
 	}
-	if len(ModeNames()) != 5 || len(PolicyNames()) != 6 || Mode("fv").Valid() || Policy("").Valid() {
+	if len(ModeNames()) != 5 || len(PolicyNames()) != 7 || Mode("fv").Valid() || Policy("").Valid() {
 		t.Error("mode or policy list wrong")
 	}
 	// The returned slices are copies.

@@ -44,6 +44,13 @@
 //   - dfq: NEON's disengaged fair queueing (§3.3): free runs interleaved with
 //     short engaged sampling phases that estimate request cost and virtual
 //     time; VMs too far ahead are denied the next free run.
+//   - strict: time-division multiplexing with fixed, non-work-conserving
+//     slots (Timeslice × weight) anchored at the clock's epoch, so that the
+//     GPU's owner at any time depends on the time and the roster alone: the
+//     opt-in mode against timing channels between VMs. A submission is
+//     released only while its VM's guard (its longest GPU time so far)
+//     remains of the slot; a VM whose guard exceeds its slot runs one
+//     submission per frame, from the slot's start.
 //
 // # Simulation
 //

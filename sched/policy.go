@@ -151,7 +151,8 @@ type Params struct {
 	// the queue (the Until of each Wait step). Default 50 µs.
 	BandPoll time.Duration
 	// Timeslice is the slice a timeslice token holder owns the GPU for
-	// (scaled by its weight). Default 30 ms (NEON §5.2).
+	// (scaled by its weight), and the length of a VM's fixed slot in
+	// strict's frame (also scaled by its weight). Default 30 ms (NEON §5.2).
 	Timeslice time.Duration
 	// Poll is NEON's polling period: how long timeslice keeps the token
 	// with, and dfq keeps sampling, a VM that has nothing queued before
@@ -259,6 +260,7 @@ func registry() []registration {
 		{"wfq", func(Params) Policy { return newWFQ() }},
 		{"timeslice", func(p Params) Policy { return newTimeslice(p) }},
 		{"dfq", func(p Params) Policy { return newDFQ(p) }},
+		{"strict", func(p Params) Policy { return newStrict(p) }},
 	}
 }
 

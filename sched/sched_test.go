@@ -85,7 +85,7 @@ func TestNewAndErrors(t *testing.T) {
 	if _, err := New("credit", Params{Period: -1}); !errors.Is(err, ErrBadParam) {
 		t.Errorf("negative period: %v", err)
 	}
-	if got, want := Names(), []string{"fifo", "credit", "band", "wfq", "timeslice", "dfq"}; !reflect.DeepEqual(got, want) {
+	if got, want := Names(), []string{"fifo", "credit", "band", "wfq", "timeslice", "dfq", "strict"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Names = %v", got)
 	}
 	for _, name := range Names() {

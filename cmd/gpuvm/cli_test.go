@@ -24,7 +24,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"frob"}, `unknown command "frob"`},
 		{[]string{"help", "frob"}, "No help topic for 'frob'"},
 		{[]string{"bench", "--nope"}, "(see 'gpuvm bench --help')"},
-		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness)`},
+		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness, covert)`},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
 		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
 		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, layout)`},

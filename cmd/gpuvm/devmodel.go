@@ -26,7 +26,7 @@ func devmodelCommand() *cli.Command {
 			"workloads on the virtual GPU, verifying each result. This is the VM process of the\n" +
 			"benchmark harness and a standalone check that an aggregator serves VMs correctly.\n" +
 			"Closing it (or killing it) makes the aggregator tear the vGPU down.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket (gpuvm serve prints it)"},
 			&cli.UintFlag{Name: "domid", Value: 1, Usage: "Xen domain id of the VM"},
 			&cli.StringFlag{Name: "name", Value: "guest", Usage: "domain name"},
@@ -44,7 +44,7 @@ func devmodelCommand() *cli.Command {
 			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
-		},
+		}, covertGuestFlags()...),
 		Action: runDevmodel,
 	}
 }
@@ -75,6 +75,9 @@ func runDevmodel(c *cli.Context) error {
 	}
 	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
 		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log}
+	if c.IsSet("covert") {
+		return runCovertGuest(c, cfg)
+	}
 	if kind := c.String("fairness"); kind != "" {
 		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"))
 		err = noDaemonHint(err, "gpuvm serve", "--socket")
