@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/hypercall"
 )
 
 // ErrDetached is returned for accesses to a vGPU that was torn down.
@@ -40,7 +41,7 @@ func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
 	case nvc0.BAR1, nvc0.BAR3:
 		return v.apertureRead(bar, off), nil
 	}
-	return 0, nil // BAR5: the I/O stub
+	return v.hypercallRead(off), nil // BAR5: the hypercall window (PV) or the I/O stub
 }
 
 // Write32 handles a trapped guest write.
@@ -59,6 +60,8 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 		v.bar0Write(uint32(off), val)
 	case nvc0.BAR1, nvc0.BAR3:
 		v.apertureWrite(bar, off, val)
+	case hypercall.BAR:
+		v.hypercallWrite(off, val)
 	}
 	// What the write made the shadows retire (a closed channel, a space
 	// whose last channel left, tables a scan unlinked) is freed now, after

@@ -30,6 +30,12 @@ func newBARShadow(v *VGPU, bar int, phys *physBAR, slice Region) *barShadow {
 // "VRAM direct" mode (MODE clear) would expose all of VRAM at the BAR's
 // offsets, so for a guest it means the aperture is off.
 func (b *barShadow) setInst(val uint32) {
+	if b.v.feat.PV {
+		// PV apertures are mapped by hypercalls only.
+		b.v.ctr.denied.Add(1)
+		b.v.gripeLog("BAR instance write refused: PV apertures are mapped by hypercalls", "bar", b.bar, "value", val)
+		return
+	}
 	valid := val&nvc0.BARInstModeVM != 0 && nvc0.InstTarget(val) == nvc0.MemTargetVRAM
 	if !valid && val != 0 {
 		b.v.gripeLog("BAR instance refused: direct mode or not in VRAM", "bar", b.bar, "value", val)

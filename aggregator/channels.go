@@ -376,6 +376,9 @@ func (v *VGPU) activate(i int) error {
 		return err
 	}
 	s := c.sh.Space()
+	if s.PV() {
+		return nil // built by hypercalls: nothing to scan
+	}
 	if !v.synced[s] || v.stale[s] || (v.feat.Incremental && s.Dirty()) {
 		v.syncSpace(s)
 	}

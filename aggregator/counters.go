@@ -29,6 +29,10 @@ type Counters struct {
 	LogSuppressed         uint64 // guest-caused log lines held back by the rate limit
 	ErrorReports          uint64 // MMU fault records and PBDMA errors delivered to the guest (faults.go)
 	ReportsDropped        uint64 // of those, dropped on a full virtual queue
+	Hypercalls            uint64 // PV: hypercalls (traps of RegCall)
+	HypercallOps          uint64 // PV: operations run (a multicall counts each of its calls)
+	PTEsMapped            uint64 // PV: present entries installed by hypercalls
+	PVRejected            uint64 // PV: calls and registrations refused
 }
 
 // Map returns the counters under their report names.
@@ -43,6 +47,8 @@ func (c Counters) Map() map[string]uint64 {
 		"remapped_pages": c.RemappedPages, "tracked_pages": c.TrackedPages, "scan_errors": c.ScanErrors,
 		"watchdog_stops": c.WatchdogStops, "wedged_channels": c.WedgedChannels, "log_suppressed": c.LogSuppressed,
 		"error_reports": c.ErrorReports, "reports_dropped": c.ReportsDropped,
+		"hypercalls": c.Hypercalls, "hypercall_ops": c.HypercallOps, "ptes_mapped": c.PTEsMapped,
+		"pv_rejected": c.PVRejected,
 	}
 }
 
@@ -74,7 +80,7 @@ func CounterNames() []string {
 	return []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes",
 		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells",
 		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed",
-		"error_reports", "reports_dropped"}
+		"error_reports", "reports_dropped", "hypercalls", "hypercall_ops", "ptes_mapped", "pv_rejected"}
 }
 
 // counters is the live, atomically updated form.
@@ -89,6 +95,10 @@ type counters struct {
 	wedged          atomic.Uint64
 	faultReports    atomic.Uint64
 	reportsDropped  atomic.Uint64
+	hypercalls      atomic.Uint64
+	hypercallOps    atomic.Uint64
+	ptesMapped      atomic.Uint64
+	pvRejected      atomic.Uint64
 }
 
 func (v *VGPU) snapshot() Counters {
@@ -123,5 +133,9 @@ func (v *VGPU) snapshot() Counters {
 		LogSuppressed:    v.gripe.Suppressed(),
 		ErrorReports:     c.faultReports.Load(),
 		ReportsDropped:   c.reportsDropped.Load(),
+		Hypercalls:       c.hypercalls.Load(),
+		HypercallOps:     c.hypercallOps.Load(),
+		PTEsMapped:       c.ptesMapped.Load(),
+		PVRejected:       c.pvRejected.Load(),
 	}
 }

@@ -20,35 +20,44 @@ type Features struct {
 	// Incremental shadowing: rescan only guest page-table pages written since
 	// the last scan (beyond GPUvm).
 	Incremental bool
+	// PV: para-virtualization (GPUvm §4.1.3). The guest's GPU page tables
+	// and BAR apertures are built by hypercalls (BAR5, package hypercall)
+	// into tables the aggregator owns; nothing is scanned.
+	PV bool
 	// PollDoorbells: doorbells are found by polling the guest's user areas
 	// instead of trapping (an aggregator option, not part of the mode).
 	PollDoorbells bool
 }
 
-// fvModes maps the full-virtualization mode names to their features.
-func fvModes() map[config.Mode]Features {
+// modeFeatures maps the mode names to their features. The two PV modes
+// differ only in the guest driver (one hypercall per update, or
+// multicalls); both have BAR remap, which GPUvm's PV lacked for BAR1.
+func modeFeatures() map[config.Mode]Features {
 	return map[config.Mode]Features{
 		config.ModeFVNaive:       {},
 		config.ModeFVBARRemap:    {Remap: true},
 		config.ModeFVLazy:        {Lazy: true},
 		config.ModeFVOptimized:   {Lazy: true, Remap: true},
 		config.ModeFVIncremental: {Lazy: true, Remap: true, Incremental: true},
+		config.ModePVNaive:       {Remap: true, PV: true},
+		config.ModePVMulticall:   {Remap: true, PV: true},
 	}
 }
 
-// FVModes lists the full-virtualization modes in order of optimization:
-// the modes the configuration accepts (config.Modes), each of which has
-// its features here (TestModesServed).
-func FVModes() []string { return config.ModeNames() }
+// Modes lists the modes this aggregator serves, full virtualization in
+// order of optimization then para-virtualization: the modes the
+// configuration accepts (config.Modes), each of which has its features
+// here (TestModesServed).
+func Modes() []string { return config.ModeNames() }
 
-// FeaturesFor returns the features of a full-virtualization mode.
+// FeaturesFor returns the features of a mode.
 func FeaturesFor(mode string) (Features, error) {
-	f, ok := fvModes()[config.Mode(mode)]
+	f, ok := modeFeatures()[config.Mode(mode)]
 	if !ok {
-		return f, fmt.Errorf("mode %q is not served by this aggregator (have %v)", mode, FVModes())
+		return f, fmt.Errorf("mode %q is not served by this aggregator (have %v)", mode, Modes())
 	}
 	return f, nil
 }
 
-// IsFVMode reports whether mode names a full-virtualization mode.
-func IsFVMode(mode string) bool { return slices.Contains(FVModes(), mode) }
+// IsServedMode reports whether the aggregator serves mode.
+func IsServedMode(mode string) bool { return slices.Contains(Modes(), mode) }

@@ -11,7 +11,7 @@ import (
 // [[vm]] mode that passes config checks never meets a refusal at connect.
 func TestModesServed(t *testing.T) {
 	var served []string
-	for m := range fvModes() {
+	for m := range modeFeatures() {
 		served = append(served, string(m))
 	}
 	slices.Sort(served)
@@ -19,8 +19,8 @@ func TestModesServed(t *testing.T) {
 	if !slices.Equal(served, accepted) {
 		t.Errorf("modes with features %v, modes the config accepts %v", served, accepted)
 	}
-	for _, m := range FVModes() {
-		if _, err := FeaturesFor(m); err != nil || !IsFVMode(m) {
+	for _, m := range Modes() {
+		if _, err := FeaturesFor(m); err != nil || !IsServedMode(m) {
 			t.Errorf("%s: %v", m, err)
 		}
 	}

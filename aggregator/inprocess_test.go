@@ -83,12 +83,23 @@ func startGuest(t *testing.T, agg *Aggregator, name, mode string) *guestVM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := nouveau.Open(directMMIO{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size})
+	dev, err := nouveau.Open(directMMIO{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: driverPV(mode)})
 	if err != nil {
 		t.Fatalf("guest driver on %s: %v", mode, err)
 	}
 	t.Cleanup(func() { dev.Close() })
 	return &guestVM{ram: ram, v: v, dev: dev}
+}
+
+// driverPV is the guest driver's PV mode for a mode.
+func driverPV(mode string) nouveau.PVMode {
+	switch config.Mode(mode) {
+	case config.ModePVNaive:
+		return nouveau.PVNaive
+	case config.ModePVMulticall:
+		return nouveau.PVMulticall
+	}
+	return nouveau.PVOff
 }
 
 var smallParams = workloads.Params{MatrixDim: 32, LoopIterations: 1000, CopyBytes: 5<<20 + 123}

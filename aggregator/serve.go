@@ -79,9 +79,9 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 			return
 		}
 	}
-	if !IsFVMode(h.Mode) {
+	if !IsServedMode(h.Mode) {
 		log.Warn("refused", "mode", h.Mode)
-		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, FVModes()))
+		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, Modes()))
 		return
 	}
 	v, err := a.Attach(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}, p.RAM(), h.RAMSize)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/hypercall"
 	"github.com/gpuvm/gpuvm/internal/ratelog"
 	"github.com/gpuvm/gpuvm/shadow"
 )
@@ -100,6 +101,10 @@ type VGPU struct {
 
 	// wedged counts channels whose stop never completed.
 	wedged int
+
+	// PV modes: the hypercall window and its operations (hypercall.go).
+	hc    *hypercalls
+	hcOps map[hypercall.Op]hcHandler
 }
 
 // attach builds the vGPU for a guest in slot, with its RAM from ramFile.
@@ -156,6 +161,9 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 	}
 	v.bars[0] = newBARShadow(v, nvc0.BAR1, &a.phys.bar1, slot.BAR1)
 	v.bars[1] = newBARShadow(v, nvc0.BAR3, &a.phys.bar3, slot.BAR3)
+	if feat.PV {
+		v.enablePV()
+	}
 	if feat.Remap {
 		if v.remap, err = newRemapTable(slot); err != nil {
 			return v, err
@@ -207,6 +215,18 @@ func (v *VGPU) reclaim() {
 	p := v.agg.phys
 	if err := v.shadows.Reclaim(func(pd uint64) error { return p.flush(pd, false) }); err != nil {
 		v.log.Error("reclaim shadow memory", "err", err)
+	}
+	// A closed space retired its memory: forget it here too, or a guest
+	// that creates and drops address spaces in a loop grows these maps.
+	for s := range v.synced {
+		if s.Closed() {
+			delete(v.synced, s)
+		}
+	}
+	for s := range v.stale {
+		if s.Closed() {
+			delete(v.stale, s)
+		}
 	}
 }
 

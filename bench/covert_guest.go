@@ -104,7 +104,7 @@ func RunCovertGuest(ctx context.Context, cfg devmodel.Config, o CovertGuestOptio
 	}
 	defer func() { err = errors.Join(err, dev.Close()) }()
 	bar1, bar3 := dev.BARSizes()
-	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Logger: cfg.Logger})
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: DriverPVMode(cfg.Mode), Logger: cfg.Logger})
 	if err != nil {
 		return g, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
 	}

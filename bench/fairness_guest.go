@@ -44,7 +44,7 @@ func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim
 	}
 	defer func() { err = errors.Join(err, dev.Close()) }()
 	bar1, bar3 := dev.BARSizes()
-	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3})
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: DriverPVMode(cfg.Mode)})
 	if err != nil {
 		return load, err
 	}

@@ -63,7 +63,59 @@ func WriteTable(w io.Writer, r Report) error {
 			fmt.Fprintf(w, "\n%s %s failed: %s\n", res.Mode, res.Workload, res.Error)
 		}
 	}
-	return writeCounters(w, r)
+	if err := writeCounters(w, r); err != nil {
+		return err
+	}
+	return writeHypercalls(w, r)
+}
+
+// writeHypercalls prints the thesis' Table 4.1 view: hypercalls per run of
+// each workload in pv-naive and pv-multicall, the reduction, and GPUvm's
+// published counts.
+func writeHypercalls(w io.Writer, r Report) error {
+	calls := map[string]map[string]uint64{} // workload -> mode -> hypercalls per run
+	var order []string
+	for _, res := range r.Results {
+		if res.Mode != "pv-naive" && res.Mode != "pv-multicall" || res.Counters == nil {
+			continue
+		}
+		if calls[res.Workload] == nil {
+			calls[res.Workload] = map[string]uint64{}
+			order = append(order, res.Workload)
+		}
+		calls[res.Workload][res.Mode] = counterValue(res.Counters["hypercalls"])
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nhypercalls per run (GPUvm Table 4.1):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "WORKLOAD\tPV-NAIVE\tPV-MULTICALL\tREDUCTION\tGPUVM WITHOUT\tGPUVM WITH\tGPUVM REDUCTION\t")
+	for _, wl := range order {
+		c := calls[wl]
+		naive, nok := c["pv-naive"]
+		multi, mok := c["pv-multicall"]
+		cell := func(v uint64, ok bool) string {
+			if !ok {
+				return "–"
+			}
+			return fmt.Sprint(v)
+		}
+		red := "–"
+		if nok && mok && multi > 0 {
+			red = fmt.Sprintf("%.0f×", float64(naive)/float64(multi))
+		}
+		pw, pm, pok := PublishedHypercalls(wl)
+		pred := "–"
+		if pok {
+			pred = fmt.Sprintf("%.0f×", float64(pw)/float64(pm))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", wl, cell(naive, nok), cell(multi, mok), red, cell(pw, pok), cell(pm, pok), pred)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write hypercalls: %w", err)
+	}
+	return nil
 }
 
 // writeCounters prints, per virtualized run, the counters behind the
@@ -81,7 +133,7 @@ func writeCounters(w io.Writer, r Report) error {
 	}
 	fmt.Fprintln(w, "\nvirtualization counters per run:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	cols := []string{"tlb_flushes", "scans", "ptes_scanned", "shadow_ns", "doorbells", "denied"}
+	cols := []string{"tlb_flushes", "scans", "ptes_scanned", "shadow_ns", "hypercalls", "ptes_mapped", "doorbells", "denied"}
 	fmt.Fprint(tw, "MODE\tWORKLOAD\tBAR0 TRAPS R/W\tBAR1 TRAPS R/W\tBAR3 TRAPS R/W\t")
 	for _, c := range cols {
 		fmt.Fprintf(tw, "%s\t", strings.ToUpper(c))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
@@ -26,7 +27,7 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 	defer func() { err = errors.Join(err, dev.Close()) }()
 	rep.Board = VGPUBoardInfo(dev.Welcome(), cfg.Mode)
 	bar1, bar3 := dev.BARSizes()
-	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Logger: cfg.Logger})
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: DriverPVMode(cfg.Mode), Logger: cfg.Logger})
 	if err != nil {
 		return rep, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
 	}
@@ -51,6 +52,19 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		rep.Results = append(rep.Results, res)
 	}
 	return rep, nil
+}
+
+// DriverPVMode is the guest driver's para-virtual mode for a virtualization
+// mode: hypercalls one per update (pv-naive), batched (pv-multicall), or
+// none.
+func DriverPVMode(mode string) nouveau.PVMode {
+	switch config.Mode(mode) {
+	case config.ModePVNaive:
+		return nouveau.PVNaive
+	case config.ModePVMulticall:
+		return nouveau.PVMulticall
+	}
+	return nouveau.PVOff
 }
 
 // VGPUBoardInfo describes the virtual GPU a Welcome grants: its VRAM and

@@ -21,3 +21,17 @@ func published() map[string]map[string]float64 {
 		"pincpy": {"fv-naive": 63.19, "fv-lazy": 7.45, "fv-optimized": 7.70, "pv-multicall": 1.48, "pvdrm-pooling": 0.97},
 	}
 }
+
+// PublishedHypercalls returns GPUvm's hypercall counts for a workload
+// without and with multicall (thesis Table 4.1), and whether it published
+// them.
+func PublishedHypercalls(workload string) (without, with uint64, ok bool) {
+	t := map[string][2]uint64{
+		"nop": {11383, 118}, "loop": {11383, 118}, "madd": {11573, 122}, "mmul": {11573, 122},
+		"fmadd": {11573, 122}, "fmmul": {11573, 122}, "cpy": {12163, 105}, "pincpy": {44937, 122},
+		"bp": {11777, 137}, "hs": {11429, 122}, "lud": {11783, 114}, "nn": {11469, 118},
+		"srad": {12379, 185}, "srad2": {13031, 133},
+	}
+	v, ok := t[workload]
+	return v[0], v[1], ok
+}

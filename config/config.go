@@ -89,8 +89,8 @@ func (l LogLevel) Valid() bool {
 	return l == LogDebug || l == LogInfo || l == LogWarn || l == LogError
 }
 
-// Mode is how a VM reaches the GPU: one of the full-virtualization modes
-// this build serves (docs/design.md).
+// Mode is how a VM reaches the GPU: one of the full- or para-virtualization
+// modes this build serves (docs/design.md).
 type Mode string
 
 // Virtualization modes.
@@ -110,6 +110,13 @@ const (
 	// ModeFVIncremental is optimized full virtualization that re-scans only
 	// page-table pages written since the last scan.
 	ModeFVIncremental Mode = "fv-incremental"
+	// ModePVNaive is para-virtualization (GPUvm thesis §4.1.3): the guest
+	// driver builds its GPU page tables by hypercalls, one per update, into
+	// tables the aggregator owns; BAR remap is on.
+	ModePVNaive Mode = "pv-naive"
+	// ModePVMulticall is ModePVNaive with the updates of one operation
+	// batched into multicalls.
+	ModePVMulticall Mode = "pv-multicall"
 )
 
 // Modes returns every mode the aggregator of this build can serve a VM in,
@@ -117,8 +124,11 @@ const (
 // daemon cannot serve would pass the configuration only to have every such
 // VM refused when it connects.)
 func Modes() []Mode {
-	return []Mode{ModeFVNaive, ModeFVBARRemap, ModeFVLazy, ModeFVOptimized, ModeFVIncremental}
+	return []Mode{ModeFVNaive, ModeFVBARRemap, ModeFVLazy, ModeFVOptimized, ModeFVIncremental, ModePVNaive, ModePVMulticall}
 }
+
+// IsPV reports whether m is a para-virtualization mode (hypercalls).
+func (m Mode) IsPV() bool { return m == ModePVNaive || m == ModePVMulticall }
 
 // ModeNames returns the names of Modes(), e.g. for command-line help.
 func ModeNames() []string { return names(Modes()) }
@@ -132,7 +142,7 @@ func modeProblem(m Mode) string {
 	switch m {
 	case "native":
 		return fmt.Sprintf(`mode "native" is the baseline without virtualization (gpuvm bench --mode native); the daemon serves VMs in %s`, served)
-	case "pv-naive", "pv-multicall", "pvdrm", "pvdrm-pooling":
+	case "pvdrm", "pvdrm-pooling":
 		return fmt.Sprintf("mode %q (GPUvm's para-virtualization) is not built; this build serves %s", m, served)
 	}
 	return fmt.Sprintf("unknown mode %q; this build serves %s", m, served)

@@ -28,6 +28,9 @@ type BARSpace struct {
 	watched    []watched // the guest pages watched now
 	guest      []uint64  // guest VRAM page each aperture page maps, or NoGuestPage
 	dirty      bool
+	// pv: the aperture is mapped by hypercalls (PVSet), not mirrored from
+	// guest tables; Sync keeps what is installed.
+	pv bool
 
 	totals Counters
 }
@@ -108,6 +111,9 @@ func (b *BARSpace) Unseen(uint64) { b.dirty = true }
 // outside its slice maps nothing. The caller flushes the physical BAR TLB
 // if the stats report a change.
 func (b *BARSpace) Sync() (Stats, error) {
+	if b.pv {
+		return Stats{}, nil
+	}
 	start := time.Now()
 	st := Stats{Kind: ScanFull}
 	b.gen++
@@ -223,6 +229,51 @@ func (b *BARSpace) rewatch(ws []watched) {
 // Clear unmaps the whole slice and drops the watches (the VM leaves). The
 // caller flushes the physical BAR TLB.
 func (b *BARSpace) Clear() (Stats, error) {
-	b.valid = false
+	b.valid, b.pv = false, false
 	return b.Sync()
+}
+
+// SetPV makes the aperture para-virtual: mapped by PVSet only, never from
+// guest tables (the guest's BAR instance register is then ignored).
+func (b *BARSpace) SetPV() { b.pv, b.valid = true, false }
+
+// PVSet installs guest entries ptes (nvc0 PTE words with guest addresses;
+// 0 unmaps) at aperture pages first, first+1, …: each present entry is
+// translated into the VM's slice or RAM, and if any cannot be the call
+// fails with ErrPVFault and nothing changes. The caller flushes the
+// physical BAR TLB if the stats report a change.
+func (b *BARSpace) PVSet(first int, ptes []uint64) (Stats, error) {
+	var st Stats
+	if !b.pv {
+		return st, ErrPVInval
+	}
+	if first < 0 || len(ptes) == 0 || first+len(ptes) > len(b.guest) || first+len(ptes) < first {
+		return st, fmt.Errorf("aperture pages [%d, +%d) of %d: %w", first, len(ptes), len(b.guest), ErrPVRange)
+	}
+	next := make([]uint64, len(ptes))
+	guest := make([]uint64, len(ptes))
+	for j, v := range ptes {
+		guest[j] = NoGuestPage
+		lo, hi := uint32(v), uint32(v>>32)
+		if lo&nvc0.PTEPresent == 0 {
+			continue
+		}
+		e := nvc0.DecodePTE(lo, hi)
+		sp, ok := b.tr.PTE(e)
+		if !ok {
+			return st, fmt.Errorf("aperture page %d (%#x): %w", first+j, v, ErrPVFault)
+		}
+		slo, shi := sp.Encode()
+		next[j] = uint64(slo) | uint64(shi)<<32
+		if !e.IsSystem() {
+			guest[j] = e.Addr
+		}
+	}
+	start := time.Now()
+	err := b.commit(b.t.shadow+uint64(first)*nvc0.PTESize, nvc0.PTESize, b.t.cur[first:first+len(ptes)], next, false, &st)
+	if err == nil {
+		copy(b.guest[first:], guest)
+	}
+	st.Duration = time.Since(start)
+	return st, err
 }

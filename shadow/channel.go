@@ -252,6 +252,18 @@ func (c *Channel) Refresh() error {
 	gpd, target := nvc0.RAMINAddrDecode(binary.LittleEndian.Uint32(blk[nvc0.RAMINPageDir:]), binary.LittleEndian.Uint32(blk[nvc0.RAMINPageDir+4:]))
 	old, sp := c.space, c.space
 	switch {
+	case c.m.pv != nil:
+		// PV: the page directory is the one SET_PGD bound to this
+		// instance block; the RAMIN's own field means nothing.
+		bound, ok := c.m.pvBound(c.guestRAMIN)
+		switch {
+		case !ok:
+			sp = nil
+			invalid = append(invalid, fmt.Errorf("no page directory bound to the instance block: %w", ErrPVHandle))
+		case bound != old:
+			bound.refs++
+			sp = bound
+		}
 	case target != nvc0.MemTargetVRAM:
 		sp = nil
 		invalid = append(invalid, fmt.Errorf("page directory at guest %#x: memory target %d: %w", gpd, target, ErrNotVRAM))

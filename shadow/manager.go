@@ -112,6 +112,9 @@ type retired struct {
 	addr    uint64
 	flushPD uint64 // the shadow page directory whose TLB may still name it
 	flush   bool
+	// flushOnly: no memory, only one more page directory to flush before
+	// the entries retired with it are freed (a PV table linked in several).
+	flushOnly bool
 }
 
 // Manager holds one VM's shadow spaces and shadow channels. Channels with the
@@ -130,6 +133,8 @@ type Manager struct {
 	hasEmpty bool
 	retired  []retired
 	counters Counters // scan counters arrive through Space.sink
+	pv       *pvState // PV page tables (pv.go); nil for a FV vGPU
+	pvm      *mirror  // writes PV tables
 }
 
 // NewManager returns an empty Manager.
@@ -192,7 +197,9 @@ func (m *Manager) Reclaim(flush func(pd uint64) error) error {
 	}
 	var errs []error
 	for _, r := range m.retired {
-		errs = append(errs, m.alloc.Free(r.addr))
+		if !r.flushOnly {
+			errs = append(errs, m.alloc.Free(r.addr))
+		}
 	}
 	m.retired = m.retired[:0]
 	if err := errors.Join(errs...); err != nil {
@@ -224,6 +231,9 @@ func (m *Manager) Acquire(guestPD uint64) (*Space, error) {
 // Release drops a reference taken by Acquire; the last one closes the space
 // and frees its shadow memory.
 func (m *Manager) Release(s *Space) error {
+	if s != nil && s.pv && m.pv != nil {
+		return m.pvRelease(s)
+	}
 	if s == nil || m.spaces[s.guestPD] != s {
 		return errors.New("shadow manager: release of a space this manager does not hold")
 	}
@@ -318,6 +328,7 @@ func (m *Manager) Close() error {
 		m.counters.SpacesFreed++
 		errs = append(errs, s.Close())
 	}
+	errs = append(errs, m.closePV())
 	if m.hasEmpty {
 		m.retire(m.emptyPD, m.emptyPD, true)
 		m.hasEmpty = false

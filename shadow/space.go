@@ -109,6 +109,10 @@ type Space struct {
 	// Manager bookkeeping.
 	refs   int
 	closed bool
+	// pv: a para-virtual page directory (pv.go): the aggregator writes it
+	// entry by entry; there is no guest copy to scan.
+	pv       bool
+	pvHandle uint32
 }
 
 // NewSpace creates the shadow of the guest page directory at guest VRAM
@@ -211,7 +215,14 @@ func (s *Space) Totals() Counters { return s.totals }
 
 // Dirty reports whether a scan is due: a watched page was written, or a full
 // scan was requested, since the last scan.
-func (s *Space) Dirty() bool { return s.allDirty || len(s.dirty) > 0 }
+func (s *Space) Dirty() bool { return !s.pv && (s.allDirty || len(s.dirty) > 0) }
+
+// Closed reports whether the space was closed (its memory retired).
+func (s *Space) Closed() bool { return s.closed }
+
+// PV reports whether the space is a para-virtual page directory (built by
+// hypercalls, never scanned).
+func (s *Space) PV() bool { return s.pv }
 
 // Watches reports whether the guest VRAM page holding guestAddr holds part of
 // the guest page directory or of a guest page table this space mirrors.
@@ -282,6 +293,9 @@ func (s *Space) Sync() (Stats, error) {
 	if s.closed {
 		return Stats{}, errors.New("shadow space: sync after close")
 	}
+	if s.pv {
+		return Stats{}, nil // nothing to scan
+	}
 	start := time.Now()
 	st := Stats{Kind: ScanFull}
 	s.gen++
@@ -303,7 +317,7 @@ func (s *Space) SyncIncremental() (Stats, error) {
 	if s.closed {
 		return Stats{}, errors.New("shadow space: sync after close")
 	}
-	if s.allDirty {
+	if s.allDirty || s.pv {
 		return s.Sync()
 	}
 	start := time.Now()

@@ -22,7 +22,7 @@ import (
 )
 
 // benchModes are the execution modes bench can run.
-func benchModes() []string { return append([]string{"native"}, aggregator.FVModes()...) }
+func benchModes() []string { return append([]string{"native"}, aggregator.Modes()...) }
 
 func benchCommand() *cli.Command {
 	return &cli.Command{

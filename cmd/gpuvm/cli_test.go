@@ -107,13 +107,13 @@ func TestFirstFailure(t *testing.T) {
 }
 
 // The title and help describe only what exists: the modes this build
-// serves, no para-virtualization or pvdrm.
+// serves, no pvdrm.
 func TestHelpDescribesWhatExists(t *testing.T) {
 	stdout, _, err := runApp(t, "--help")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, gone := range []string{"para", "pvdrm", "pv-"} {
+	for _, gone := range []string{"pvdrm", "split driver"} {
 		if strings.Contains(strings.ToLower(stdout), gone) {
 			t.Errorf("help mentions %q:\n%s", gone, stdout)
 		}

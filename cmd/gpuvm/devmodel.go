@@ -30,7 +30,7 @@ func devmodelCommand() *cli.Command {
 			&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket (gpuvm serve prints it)"},
 			&cli.UintFlag{Name: "domid", Value: 1, Usage: "Xen domain id of the VM"},
 			&cli.StringFlag{Name: "name", Value: "guest", Usage: "domain name"},
-			&cli.StringFlag{Name: "mode", Value: "fv-optimized", Usage: "virtualization mode: " + strings.Join(aggregator.FVModes(), ", ") + " (it must agree with the VM's [[vm]] mode in the daemon's configuration, if that sets one)"},
+			&cli.StringFlag{Name: "mode", Value: "fv-optimized", Usage: "virtualization mode: " + strings.Join(aggregator.Modes(), ", ") + " (it must agree with the VM's [[vm]] mode in the daemon's configuration, if that sets one)"},
 			&cli.StringFlag{Name: "ram", Value: "512MiB", Usage: "guest RAM size"},
 			&cli.StringFlag{Name: "transport", Value: "shm", Usage: "MMIO transport to the aggregator: shm (shared-memory rings) or socket"},
 			&cli.DurationFlag{Name: "trap-cost", Usage: "charge this much per trapped access: the hypervisor's share of a trap (VM exit, ioreq delivery) that runs without Xen do not pay; 0 = none (default: the aggregator's timing profile, e.g. 5us for fermi-xen)"},

@@ -45,12 +45,13 @@ func usageError(format string, args ...any) error {
 func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "gpuvm",
-		Usage:   "share one NVIDIA Fermi-class GPU among VMs by full virtualization (a GPUvm-style back end for Xen)",
+		Usage:   "share one NVIDIA Fermi-class GPU among VMs by full and para-virtualization (a GPUvm-style back end for Xen)",
 		Version: version,
 		Description: "gpuvm is a GPU virtualization back end for the Xen hypervisor. A dom0 daemon, the GPU\n" +
 			"Access Aggregator (gpuvm serve), owns the embedded simulated Fermi board and gives each\n" +
 			"VM a virtual GPU with isolation and fair GPU time; a VM is a device model process (gpuvm\n" +
-			"devmodel) whose guest driver's MMIO traps to the aggregator.\n" +
+			"devmodel) whose guest driver's MMIO traps to the aggregator; in the pv- modes the driver\n" +
+			"builds its GPU page tables by hypercalls instead.\n" +
 			"Modes: " + strings.Join(config.ModeNames(), ", ") + ".\n\n" +
 			"Start here:  gpuvm bench          run the evaluation workloads on the simulated board",
 		Flags: []cli.Flag{

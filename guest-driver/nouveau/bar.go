@@ -9,7 +9,8 @@ import (
 
 // barSpace is the address space behind a BAR aperture (the "BAR1/BAR3
 // channel"): its RAMIN, page directory and one small-page table, which covers
-// the whole aperture (128 MiB ≥ the BAR sizes).
+// the whole aperture (128 MiB ≥ the BAR sizes). In PV modes the aggregator
+// holds them (ramin, pd and pt are nil) and maps pages by hypercall.
 type barSpace struct {
 	d     *Device
 	bar   int
@@ -21,6 +22,9 @@ type barSpace struct {
 
 func (d *Device) newBARSpace(bar int, size uint64) (*barSpace, error) {
 	b := &barSpace{d: d, bar: bar, va: rangealloc.New(0, size)}
+	if d.pv != nil {
+		return b, nil
+	}
 	var err error
 	if b.ramin, err = d.newKobj(nvc0.RAMINSize, nvc0.PageSize); err != nil {
 		return nil, fmt.Errorf("BAR%d RAMIN: %w", bar, err)
@@ -46,8 +50,14 @@ func (b *barSpace) mapPages(va, phys, size uint64, sys bool) error {
 	if sys {
 		target = nvc0.TargetSysSnooped
 	}
+	pte := func(off uint64) nvc0.PTE {
+		return nvc0.PTE{Present: true, Addr: phys + off, Target: target, Volatile: sys}
+	}
+	if b.d.pv != nil {
+		return b.d.pv.barMap(b.bar, va, size, pte)
+	}
 	for off := uint64(0); off < size; off += nvc0.PageSize {
-		lo, hi := nvc0.PTE{Present: true, Addr: phys + off, Target: target, Volatile: sys}.Encode()
+		lo, hi := pte(off).Encode()
 		idx := nvc0.SmallPTEIndex(va + off)
 		b.d.kwr32(b.pt, idx*nvc0.PTESize, lo)
 		b.d.kwr32(b.pt, idx*nvc0.PTESize+4, hi)
@@ -56,6 +66,9 @@ func (b *barSpace) mapPages(va, phys, size uint64, sys bool) error {
 }
 
 func (b *barSpace) unmapPages(va, size uint64) error {
+	if b.d.pv != nil {
+		return b.d.pv.barUnmap(b.bar, va, size)
+	}
 	for off := uint64(0); off < size; off += nvc0.PageSize {
 		idx := nvc0.SmallPTEIndex(va + off)
 		b.d.kwr32(b.pt, idx*nvc0.PTESize, 0)
@@ -71,9 +84,11 @@ func (d *Device) initBARs() error {
 	if err != nil {
 		return err
 	}
-	d.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(bar3.ramin.addr, nvc0.BARInstModeVM))
-	if err := d.flushTLB(bar3.pd.addr, true); err != nil {
-		return fmt.Errorf("BAR3: %w", err)
+	if d.pv == nil { // in PV modes the aggregator binds the BARs' spaces
+		d.wr(nvc0.RegBAR3Inst, nvc0.InstEncode(bar3.ramin.addr, nvc0.BARInstModeVM))
+		if err := d.flushTLB(bar3.pd.addr, true); err != nil {
+			return fmt.Errorf("BAR3: %w", err)
+		}
 	}
 	d.bar3 = bar3
 
@@ -81,9 +96,11 @@ func (d *Device) initBARs() error {
 	if err != nil {
 		return err
 	}
-	d.wr(nvc0.RegBAR1Inst, nvc0.InstEncode(bar1.ramin.addr, nvc0.BARInstModeVM))
-	if err := d.flushTLB(bar1.pd.addr, true); err != nil {
-		return fmt.Errorf("BAR1: %w", err)
+	if d.pv == nil {
+		d.wr(nvc0.RegBAR1Inst, nvc0.InstEncode(bar1.ramin.addr, nvc0.BARInstModeVM))
+		if err := d.flushTLB(bar1.pd.addr, true); err != nil {
+			return fmt.Errorf("BAR1: %w", err)
+		}
 	}
 	d.bar1 = bar1
 

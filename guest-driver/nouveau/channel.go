@@ -47,6 +47,7 @@ type Channel struct {
 	id int
 
 	ramin   *kobj
+	pgd     bool           // PV: the aggregator binds vm's page directory to ramin
 	ctx     *kobj          // engine context images (GR, CE0, CE1), one page
 	ctxVA   uint64         // where the channel's VM maps them
 	ring    hostmem.Buffer // GPFIFO entries, then push-buffer space
@@ -126,7 +127,7 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	d.kwr32(c.ramin, nvc0.RAMINSignature, nvc0.RAMINSignatureValue)
 	d.kwr32(c.ramin, nvc0.RAMINGPFIFOLo, uint32(c.ringVA))
 	d.kwr32(c.ramin, nvc0.RAMINGPFIFOHi, nvc0.GPFIFOHiEncode(c.ringVA, gpfifoLog2))
-	lo, hi = nvc0.RAMINAddrEncode(vm.pd.addr)
+	lo, hi = nvc0.RAMINAddrEncode(vm.PageDir()) // 0 in PV modes: SET_PGD below
 	d.kwr32(c.ramin, nvc0.RAMINPageDir, lo)
 	d.kwr32(c.ramin, nvc0.RAMINPageDir+4, hi)
 	d.kwr64(c.ramin, nvc0.RAMINAddrLimit, nvc0.VASize-1)
@@ -136,6 +137,12 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 		d.kwr32(c.ramin, off+4, hi)
 	}
 	d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), 0)
+	if d.pv != nil {
+		if err = d.pv.setPGD(c.ramin.addr, vm.pvPD); err != nil {
+			return c, fmt.Errorf("bind page directory: %w", err)
+		}
+		c.pgd = true
+	}
 
 	inst := nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
 	d.wr(nvc0.ChanInst(id), inst)
@@ -445,6 +452,10 @@ func (c *Channel) release() error {
 	}
 	keep(d.freeKobj(c.ctx))
 	c.ctx = nil
+	if c.pgd { // after Close stopped the channel
+		keep(d.pv.setPGD(c.ramin.addr, 0))
+		c.pgd = false
+	}
 	keep(d.freeKobj(c.ramin))
 	c.ramin = nil
 	d.forgetError(c.id)

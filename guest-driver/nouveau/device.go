@@ -30,6 +30,38 @@ const (
 	ViaPRAMIN
 )
 
+// PVMode says whether the driver is para-virtual: whether the aggregator,
+// asked by hypercalls (package hypercall), owns the GPU page tables.
+type PVMode int
+
+const (
+	// PVOff is full virtualization (or native): the driver writes its page
+	// tables and the BAR instance blocks in VRAM itself (the default).
+	PVOff PVMode = iota
+	// PVNaive makes one hypercall per update: a MAP per PTE, an UNMAP_BATCH
+	// of one entry per page, a BAR_MAP or BAR_UNMAP per aperture page, a
+	// VM_FLUSH per flush, a MAP_PGT per new page table.
+	PVNaive
+	// PVMulticall batches the updates of one operation into multicalls: a
+	// mapping becomes a MAP_BATCH (or UNMAP_BATCH) per page table it
+	// touches and the VM_FLUSH, packed into as few multicall pages as fit;
+	// a BAR mapping is one BAR_MAP or BAR_UNMAP.
+	PVMulticall
+)
+
+// String names the mode: "off", "naive" or "multicall".
+func (m PVMode) String() string {
+	switch m {
+	case PVOff:
+		return "off"
+	case PVNaive:
+		return "naive"
+	case PVMulticall:
+		return "multicall"
+	}
+	return fmt.Sprintf("PVMode(%d)", int(m))
+}
+
 // Options tune the driver. The zero value is nouveau's behaviour.
 type Options struct {
 	PageTables PTPath
@@ -39,6 +71,11 @@ type Options struct {
 	// BAR1Size and BAR3Size are the usable aperture sizes (a virtual GPU may
 	// offer only a slice of each); 0 means the whole BAR.
 	BAR1Size, BAR3Size uint64
+	// PV makes the driver para-virtual: the page tables of channel address
+	// spaces and of the BAR1/BAR3 apertures belong to the aggregator and are
+	// built by hypercalls; Open fails (ErrNotSupported) on a GPU that offers
+	// none.
+	PV PVMode
 }
 
 func (o *Options) fill() {
@@ -77,6 +114,7 @@ type Device struct {
 	window    uint64     // current PRAMIN window base (prMu)
 	windowSet bool
 	flushMu   sync.Mutex // serialises TLB flush sequences
+	pv        *pvClient  // the hypercall client in PV modes, nil in PVOff
 
 	errMu sync.Mutex                    // serialises error collection; guards errs
 	errs  [nvc0.MaxChannels]*FaultError // each channel's first error report (intr.go)
@@ -111,7 +149,19 @@ func Open(mmio gpu.MMIO, host HostMemory, opts Options) (*Device, error) {
 	d.vramSize = size
 	d.vram = rangealloc.New(vramReserved, size-vramReserved)
 	d.wr(nvc0.RegPMCEnable, nvc0.PMCEnableAll)
+	switch opts.PV {
+	case PVOff:
+	case PVNaive, PVMulticall:
+		if d.pv, err = d.openPV(opts.PV == PVMulticall); err != nil {
+			return nil, fmt.Errorf("open: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("open: unknown PV mode %d", int(opts.PV))
+	}
 	if err := d.initBARs(); err != nil {
+		if d.pv != nil {
+			d.pv.close()
+		}
 		return nil, fmt.Errorf("open: %w", err)
 	}
 	d.log.Debug("gpu up", "boot0", fmt.Sprintf("%#08x", boot0), "vram_mib", size>>20)
@@ -193,8 +243,12 @@ func (d *Device) Close() error {
 	d.mu.Lock()
 	d.closed = true
 	d.wr(nvc0.RegPollArea, 0)
-	d.wr(nvc0.RegBAR1Inst, 0)
-	d.wr(nvc0.RegBAR3Inst, 0)
+	if d.pv == nil {
+		d.wr(nvc0.RegBAR1Inst, 0)
+		d.wr(nvc0.RegBAR3Inst, 0)
+	} else if err := d.pv.close(); err != nil && first == nil {
+		first = err
+	}
 	d.mu.Unlock()
 	return first
 }

@@ -5,17 +5,48 @@ import (
 	"sync"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/hypercall"
 	"github.com/gpuvm/gpuvm/internal/rangealloc"
 )
 
-// VM is a GPU address space: a page directory and small-page tables in VRAM,
-// created on demand, one per 128 MiB of virtual addresses in use.
+// VM is a GPU address space: a page directory and small-page tables,
+// created on demand, one per 128 MiB of virtual addresses in use. The driver
+// writes them in VRAM (PVOff) or the aggregator holds them (PV modes).
 type VM struct {
-	d   *Device
-	pd  *kobj
-	va  *rangealloc.Allocator
-	mu  sync.Mutex
-	pts map[uint64]*kobj // page-directory index → small-page table
+	d    *Device
+	pd   *kobj  // the page directory in VRAM (PVOff)
+	pvPD uint32 // the aggregator's handle of the page directory (PV modes)
+	mmu  vmMMU
+	va   *rangealloc.Allocator
+	mu   sync.Mutex
+	pts  map[uint64]pageTable // page-directory index → small-page table
+}
+
+// pageTable is a small-page table: an object in VRAM (PVOff) or an
+// aggregator handle (PV modes).
+type pageTable struct {
+	obj    *kobj
+	handle uint32
+}
+
+// vmMMU builds a VM's page tables, chosen at NewVM: fvMMU writes them in
+// VRAM as nouveau does, pvMMU (pv.go) has the aggregator write them.
+// Callers hold vm.mu.
+type vmMMU interface {
+	// newTable creates the small-page table of page-directory entry pde and
+	// links it in.
+	newTable(pde uint64) (pageTable, error)
+	// write sets count entries of pt from index idx: entry i to pte(i), or
+	// clears them when pte is nil.
+	write(pt pageTable, idx, count uint64, pte func(i uint64) nvc0.PTE) error
+	// finish ends an update (the writes since the last finish) that failed
+	// with err (nil: succeeded): it flushes the VM's TLB and returns err or
+	// the flush's error. fvMMU does not flush after a failure (as the
+	// driver always did); pvMMU still makes the calls it queued and the
+	// VM_FLUSH unless a hypercall failed.
+	finish(err error) error
+	// close frees the tables and the page directory.
+	close(pts map[uint64]pageTable) error
 }
 
 // vmBase and vmLimit bound the virtual addresses the driver hands out; below
@@ -27,15 +58,29 @@ const (
 
 // NewVM creates an empty address space.
 func (d *Device) NewVM() (*VM, error) {
-	pd, err := d.newKobj(nvc0.PageDirSize, nvc0.PageSize)
+	vm := &VM{d: d, va: rangealloc.New(vmBase, vmLimit-vmBase), pts: map[uint64]pageTable{}}
+	var err error
+	if d.pv != nil {
+		vm.pvPD, err = d.pv.alloc(hypercall.KindPageDir)
+		vm.mmu = &pvMMU{vm: vm}
+	} else {
+		vm.pd, err = d.newKobj(nvc0.PageDirSize, nvc0.PageSize)
+		vm.mmu = fvMMU{vm}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("page directory: %w", err)
 	}
-	return &VM{d: d, pd: pd, va: rangealloc.New(vmBase, vmLimit-vmBase), pts: map[uint64]*kobj{}}, nil
+	return vm, nil
 }
 
-// PageDir returns the VRAM address of the page directory.
-func (vm *VM) PageDir() uint64 { return vm.pd.addr }
+// PageDir returns the VRAM address of the page directory, or 0 in PV modes
+// (the aggregator holds it).
+func (vm *VM) PageDir() uint64 {
+	if vm.pd == nil {
+		return 0
+	}
+	return vm.pd.addr
+}
 
 // AllocVA reserves size bytes of virtual addresses.
 func (vm *VM) AllocVA(size, align uint64) (uint64, error) {
@@ -68,44 +113,54 @@ func (vm *VM) MapHost(va, bus, size uint64) error {
 
 // Unmap clears the PTEs of [va, va+size).
 func (vm *VM) Unmap(va, size uint64) error {
-	return vm.mapRange(va, size, func(uint64) nvc0.PTE { return nvc0.PTE{} })
+	return vm.mapRange(va, size, nil)
 }
 
-// mapRange writes one PTE per page of [va, va+size) and then flushes the TLB,
-// as nouveau does after every page-table update.
+// mapRange sets the PTEs of [va, va+size), page off to pte(off) (pte nil:
+// clears them), one page table's run of them at a time, and then flushes
+// the TLB, as nouveau does after every page-table update.
 func (vm *VM) mapRange(va, size uint64, pte func(off uint64) nvc0.PTE) error {
 	if va%nvc0.PageSize != 0 || va+size > vmLimit || va+size < va {
 		return fmt.Errorf("map [%#x, +%#x): bad range", va, size)
 	}
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
-	for off := uint64(0); off < size; off += nvc0.PageSize {
+	return vm.mmu.finish(vm.writeRange(va, size, pte))
+}
+
+// writeRange is mapRange's writes. Callers hold vm.mu.
+func (vm *VM) writeRange(va, size uint64, pte func(off uint64) nvc0.PTE) error {
+	for off := uint64(0); off < size; {
 		pt, err := vm.pageTable(va + off)
 		if err != nil {
 			return err
 		}
-		lo, hi := pte(off).Encode()
 		idx := nvc0.SmallPTEIndex(va + off)
-		vm.d.kwr32(pt, idx*nvc0.PTESize, lo)
-		vm.d.kwr32(pt, idx*nvc0.PTESize+4, hi)
+		n := min(pages(size-off), nvc0.SmallPTECount-idx)
+		var run func(i uint64) nvc0.PTE
+		if pte != nil {
+			first := off
+			run = func(i uint64) nvc0.PTE { return pte(first + i*nvc0.PageSize) }
+		}
+		if err := vm.mmu.write(pt, idx, n, run); err != nil {
+			return err
+		}
+		off += n * nvc0.PageSize
 	}
-	return vm.d.flushTLB(vm.pd.addr, false)
+	return nil
 }
 
 // pageTable returns the small-page table covering va, creating it (and its PDE)
 // on first use. Callers hold vm.mu.
-func (vm *VM) pageTable(va uint64) (*kobj, error) {
+func (vm *VM) pageTable(va uint64) (pageTable, error) {
 	i := nvc0.PDEIndex(va)
 	if pt, ok := vm.pts[i]; ok {
 		return pt, nil
 	}
-	pt, err := vm.d.newKobj(nvc0.SmallPTSize, nvc0.PageSize)
+	pt, err := vm.mmu.newTable(i)
 	if err != nil {
-		return nil, fmt.Errorf("page table: %w", err)
+		return pageTable{}, fmt.Errorf("page table: %w", err)
 	}
-	w0, w1 := nvc0.PDE{SmallPresent: true, SmallAddr: pt.addr}.Encode()
-	vm.d.kwr32(vm.pd, i*nvc0.PDESize, w0)
-	vm.d.kwr32(vm.pd, i*nvc0.PDESize+4, w1)
 	vm.pts[i] = pt
 	return pt, nil
 }
@@ -115,19 +170,60 @@ func (vm *VM) pageTable(va uint64) (*kobj, error) {
 func (vm *VM) Close() error {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	err := vm.mmu.close(vm.pts)
+	vm.pts = nil
+	return err
+}
+
+// fvMMU writes a VM's page tables in VRAM (kernel objects, written through
+// BAR3 or PRAMIN), as nouveau does.
+type fvMMU struct{ vm *VM }
+
+func (m fvMMU) newTable(pde uint64) (pageTable, error) {
+	d := m.vm.d
+	pt, err := d.newKobj(nvc0.SmallPTSize, nvc0.PageSize)
+	if err != nil {
+		return pageTable{}, err
+	}
+	w0, w1 := nvc0.PDE{SmallPresent: true, SmallAddr: pt.addr}.Encode()
+	d.kwr32(m.vm.pd, pde*nvc0.PDESize, w0)
+	d.kwr32(m.vm.pd, pde*nvc0.PDESize+4, w1)
+	return pageTable{obj: pt}, nil
+}
+
+func (m fvMMU) write(pt pageTable, idx, count uint64, pte func(i uint64) nvc0.PTE) error {
+	for i := range count {
+		var lo, hi uint32
+		if pte != nil {
+			lo, hi = pte(i).Encode()
+		}
+		m.vm.d.kwr32(pt.obj, (idx+i)*nvc0.PTESize, lo)
+		m.vm.d.kwr32(pt.obj, (idx+i)*nvc0.PTESize+4, hi)
+	}
+	return nil
+}
+
+func (m fvMMU) finish(err error) error {
+	if err != nil {
+		return err
+	}
+	return m.vm.d.flushTLB(m.vm.pd.addr, false)
+}
+
+func (m fvMMU) close(pts map[uint64]pageTable) error {
+	d := m.vm.d
 	var first error
-	for i, pt := range vm.pts {
-		vm.d.kwr32(vm.pd, i*nvc0.PDESize, 0)
-		vm.d.kwr32(vm.pd, i*nvc0.PDESize+4, 0)
-		if err := vm.d.freeKobj(pt); err != nil && first == nil {
+	for i, pt := range pts {
+		d.kwr32(m.vm.pd, i*nvc0.PDESize, 0)
+		d.kwr32(m.vm.pd, i*nvc0.PDESize+4, 0)
+		if err := d.freeKobj(pt.obj); err != nil && first == nil {
 			first = err
 		}
 	}
-	vm.pts = nil
-	if err := vm.d.flushTLB(vm.pd.addr, false); err != nil && first == nil {
+	if err := d.flushTLB(m.vm.pd.addr, false); err != nil && first == nil {
 		first = err
 	}
-	if err := vm.d.freeKobj(vm.pd); err != nil && first == nil {
+	if err := d.freeKobj(m.vm.pd); err != nil && first == nil {
 		first = err
 	}
 	return first
