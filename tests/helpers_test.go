@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/bench"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/gpu"
@@ -369,7 +370,13 @@ func (e *env) startVM(t *testing.T, name string, domid int, mode string, job []s
 
 func (e *env) startHonest(t *testing.T) (*proc, *aggregator.VGPU) {
 	t.Helper()
-	p := e.startVM(t, "honest", 7, "fv-naive", honestArgs())
+	return e.startHonestMode(t, "fv-naive")
+}
+
+// startHonestMode starts the honest VM in a given mode.
+func (e *env) startHonestMode(t *testing.T, mode string) (*proc, *aggregator.VGPU) {
+	t.Helper()
+	p := e.startVM(t, "honest", 7, mode, honestArgs())
 	return p, e.waitAttached(t, "honest", p)
 }
 
@@ -555,7 +562,7 @@ func newAttacker(t *testing.T, e *env, name string, domid uint32, mode string) *
 	t.Helper()
 	dev := e.connect(t, name, domid, mode)
 	bar1, bar3 := dev.BARSizes()
-	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Timeout: 5 * time.Second})
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, Timeout: 5 * time.Second, PV: bench.DriverPVMode(mode)})
 	if err != nil {
 		t.Fatalf("%s: guest driver: %v (device: %v)", name, err, dev.Err())
 	}

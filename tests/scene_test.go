@@ -41,6 +41,13 @@ func newScene(t *testing.T, attackerMode string) *scene {
 // only (it may then move the PRAMIN window and BAR instances at will).
 func newSceneWith(t *testing.T, attackerMode string, driver bool) *scene {
 	t.Helper()
+	return newSceneModes(t, attackerMode, "fv-naive", "fv-naive", driver)
+}
+
+// newSceneModes builds the scene with the honest VM and the victim in the
+// given modes.
+func newSceneModes(t *testing.T, attackerMode, honestMode, victimMode string, driver bool) *scene {
+	t.Helper()
 	e := newEnv(t)
 	var a *attacker
 	if driver {
@@ -53,11 +60,11 @@ func newSceneWith(t *testing.T, attackerMode string, driver bool) *scene {
 	if a.slot.Index != 0 {
 		t.Fatalf("attacker got slot %d, want 0", a.slot.Index)
 	}
-	p, hv := e.startHonest(t)
+	p, hv := e.startHonestMode(t, honestMode)
 	if hv.Slot.Index != 1 {
 		t.Fatalf("honest VM got slot %d, want 1", hv.Slot.Index)
 	}
-	vdev := e.connect(t, "victim", 8, "fv-naive")
+	vdev := e.connect(t, "victim", 8, victimMode)
 	vv := e.vgpu("victim")
 	if vv == nil || vv.Slot.Index != 2 {
 		t.Fatalf("victim VM not in slot 2")

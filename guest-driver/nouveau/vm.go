@@ -82,6 +82,11 @@ func (vm *VM) PageDir() uint64 {
 	return vm.pd.addr
 }
 
+// PVPageDir returns the aggregator's handle of the page directory in the PV
+// modes (0 otherwise), for tools and tests that issue hypercalls of their
+// own against the VM.
+func (vm *VM) PVPageDir() uint32 { return vm.pvPD }
+
 // AllocVA reserves size bytes of virtual addresses.
 func (vm *VM) AllocVA(size, align uint64) (uint64, error) {
 	if align < nvc0.PageSize {
