@@ -135,33 +135,40 @@ func TestGuestWorkloadsRunVirtualized(t *testing.T) {
 
 // TestShadowMemoryReturnedBetweenContexts: a guest that opens and closes
 // contexts (an address space and channels each) over and over holds no more
-// shadow memory after the hundredth than after the first: what a closed
-// channel and its space retired is reclaimed as the guest goes on, not only
-// when the VM leaves (a long benchmark once ran out of its shadow budget).
+// shadow memory (or, in PV, page-table handles) after the hundredth than
+// after the first: what a closed channel and its space retired is reclaimed
+// as the guest goes on, not only when the VM leaves (a long benchmark once
+// ran out of its shadow budget).
 func TestShadowMemoryReturnedBetweenContexts(t *testing.T) {
-	agg, _ := newTestAggregator(t, 1)
-	g := startGuest(t, agg, "churn", "fv-optimized")
-	var first uint64
-	for i := range 100 {
-		ctx, err := gdev.NewContext(g.dev)
-		if err != nil {
-			t.Fatalf("context %d: %v", i, err)
-		}
-		if err := maddOnce(ctx, 8); err != nil {
-			t.Fatalf("context %d: %v", i, err)
-		}
-		if err := ctx.Close(); err != nil {
-			t.Fatalf("close context %d: %v", i, err)
-		}
-		g.v.mu.Lock()
-		held, retired := g.v.shadows.ShadowBytes(), g.v.shadows.Retired()
-		g.v.mu.Unlock()
-		if i == 0 {
-			first = held
-			continue
-		}
-		if held > first || retired > 0 {
-			t.Fatalf("after %d contexts the VM holds %d shadow bytes (%d retired allocations), after the first %d", i+1, held, retired, first)
-		}
+	for _, mode := range []string{"fv-optimized", "pv-multicall"} {
+		t.Run(mode, func(t *testing.T) {
+			agg, _ := newTestAggregator(t, 1)
+			g := startGuest(t, agg, "churn", mode)
+			var first uint64
+			var firstObjs int
+			for i := range 100 {
+				ctx, err := gdev.NewContext(g.dev)
+				if err != nil {
+					t.Fatalf("context %d: %v", i, err)
+				}
+				if err := maddOnce(ctx, 8); err != nil {
+					t.Fatalf("context %d: %v", i, err)
+				}
+				if err := ctx.Close(); err != nil {
+					t.Fatalf("close context %d: %v", i, err)
+				}
+				g.v.mu.Lock()
+				held, retired, objs := g.v.shadows.ShadowBytes(), g.v.shadows.Retired(), g.v.shadows.PVObjects()
+				g.v.mu.Unlock()
+				if i == 0 {
+					first, firstObjs = held, objs
+					continue
+				}
+				if held > first || retired > 0 || objs > firstObjs {
+					t.Fatalf("after %d contexts: %d shadow bytes, %d retired allocations, %d PV handles; after the first %d bytes, %d handles",
+						i+1, held, retired, objs, first, firstObjs)
+				}
+			}
+		})
 	}
 }

@@ -3,7 +3,6 @@ package aggregator
 import (
 	"testing"
 
-	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
@@ -42,36 +41,5 @@ func TestPVWorkloads(t *testing.T) {
 	}
 	if n, m := calls["pv-naive"], calls["pv-multicall"]; m == 0 || n < 10*m {
 		t.Errorf("hypercalls: %d without multicall, %d with: want at least 10× fewer", n, m)
-	}
-}
-
-// A PV guest that opens and closes contexts holds no more page-table
-// memory or handles after the hundredth than after the first.
-func TestPVMemoryReturnedBetweenContexts(t *testing.T) {
-	agg, _ := newTestAggregator(t, 1)
-	g := startGuest(t, agg, "churn", "pv-multicall")
-	var first uint64
-	var firstObjs int
-	for i := range 100 {
-		ctx, err := gdev.NewContext(g.dev)
-		if err != nil {
-			t.Fatalf("context %d: %v", i, err)
-		}
-		if err := maddOnce(ctx, 8); err != nil {
-			t.Fatalf("context %d: %v", i, err)
-		}
-		if err := ctx.Close(); err != nil {
-			t.Fatalf("close context %d: %v", i, err)
-		}
-		g.v.mu.Lock()
-		held, retired, objs := g.v.shadows.ShadowBytes(), g.v.shadows.Retired(), g.v.shadows.PVObjects()
-		g.v.mu.Unlock()
-		if i == 0 {
-			first, firstObjs = held, objs
-			continue
-		}
-		if held > first || retired > 0 || objs > firstObjs {
-			t.Fatalf("after %d contexts: %d bytes, %d retired, %d handles; after the first %d bytes, %d handles", i+1, held, retired, objs, first, firstObjs)
-		}
 	}
 }

@@ -9,18 +9,14 @@ import (
 // not form a whole word are ignored.
 func DecodeU32s(p []byte) []uint32 {
 	v := make([]uint32, len(p)/4)
-	for i := range v {
-		v[i] = binary.LittleEndian.Uint32(p[4*i:])
-	}
+	decodeU32sInto(v, p)
 	return v
 }
 
 // EncodeU32s encodes v as little-endian uint32 words (4·len(v) bytes).
 func EncodeU32s(v []uint32) []byte {
 	p := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(p[4*i:], x)
-	}
+	encodeU32sInto(p, v)
 	return p
 }
 
@@ -29,9 +25,7 @@ func EncodeU32s(v []uint32) []byte {
 // a whole value are ignored.
 func DecodeF32s(p []byte) []float32 {
 	v := make([]float32, len(p)/4)
-	for i := range v {
-		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
-	}
+	decodeF32sInto(v, p)
 	return v
 }
 
@@ -39,8 +33,34 @@ func DecodeF32s(p []byte) []float32 {
 // bytes), preserving every bit pattern.
 func EncodeF32s(v []float32) []byte {
 	p := make([]byte, 4*len(v))
+	encodeF32sInto(p, v)
+	return p
+}
+
+// decodeU32sInto decodes p into v (len(v) words).
+func decodeU32sInto(v []uint32, p []byte) {
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint32(p[4*i:])
+	}
+}
+
+// encodeU32sInto encodes v into p (4·len(v) bytes).
+func encodeU32sInto(p []byte, v []uint32) {
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(p[4*i:], x)
+	}
+}
+
+// decodeF32sInto decodes p into v, preserving every bit pattern.
+func decodeF32sInto(v []float32, p []byte) {
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
+	}
+}
+
+// encodeF32sInto encodes v into p, preserving every bit pattern.
+func encodeF32sInto(p []byte, v []float32) {
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(p[4*i:], math.Float32bits(x))
 	}
-	return p
 }

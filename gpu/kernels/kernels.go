@@ -32,10 +32,33 @@ var ErrBadParams = errors.New("bad kernel parameters")
 // not implement.
 var ErrUnknownKernel = errors.New("unknown kernel")
 
+// Scratch holds a kernel's working buffers from one launch to the next, so
+// that a launch does not page-fault fresh memory in: on the simulated board
+// that cost is the host's memory manager, not the kernel, and it varied
+// 5–50 ms per madd launch with the Go heap's history. The zero value is
+// ready; a Scratch is not safe for concurrent use (the board's compute
+// engine, which runs one kernel at a time, keeps one).
+type Scratch struct {
+	raw slab[byte]
+	u32 slab[uint32]
+	f32 slab[float32]
+}
+
+// slab hands out reusable buffers by index.
+type slab[T any] struct{ bufs [4][]T }
+
+// get returns buffer i with length n (its contents are whatever was there).
+func (s *slab[T]) get(i, n int) []T {
+	if cap(s.bufs[i]) < n {
+		s.bufs[i] = make([]T, n)
+	}
+	return s.bufs[i][:n]
+}
+
 // handler is one entry of the dispatch table.
 type handler struct {
 	nparams int
-	run     func(ctx context.Context, name string, params []uint64, mem Memory) (Cost, error)
+	run     func(ctx context.Context, name string, params []uint64, mem Memory, s *Scratch) (Cost, error)
 }
 
 // kernelTable maps a kernel id to its handler. It is filled by this literal
@@ -43,10 +66,10 @@ type handler struct {
 var kernelTable = map[nvc0.KernelID]handler{
 	nvc0.KernelNop:   {nparams: 0, run: runNop},
 	nvc0.KernelLoop:  {nparams: 2, run: runLoop},
-	nvc0.KernelMadd:  {nparams: 4, run: matrixKernel(DecodeU32s, EncodeU32s, maddU32, addOps)},
-	nvc0.KernelMmul:  {nparams: 4, run: matrixKernel(DecodeU32s, EncodeU32s, mmulU32, mulOps)},
-	nvc0.KernelFmadd: {nparams: 4, run: matrixKernel(DecodeF32s, EncodeF32s, maddF32, addOps)},
-	nvc0.KernelFmmul: {nparams: 4, run: matrixKernel(DecodeF32s, EncodeF32s, mmulF32, mulOps)},
+	nvc0.KernelMadd:  {nparams: 4, run: matrixKernel(u32Slab, decodeU32sInto, encodeU32sInto, maddU32, addOps)},
+	nvc0.KernelMmul:  {nparams: 4, run: matrixKernel(u32Slab, decodeU32sInto, encodeU32sInto, mmulU32, mulOps)},
+	nvc0.KernelFmadd: {nparams: 4, run: matrixKernel(f32Slab, decodeF32sInto, encodeF32sInto, maddF32, addOps)},
+	nvc0.KernelFmmul: {nparams: 4, run: matrixKernel(f32Slab, decodeF32sInto, encodeF32sInto, mmulF32, mulOps)},
 }
 
 // Run executes built-in kernel id with the given parameter words in the
@@ -58,6 +81,15 @@ var kernelTable = map[nvc0.KernelID]handler{
 // matrix products and about every million loop iterations). On error the
 // returned Cost is zero.
 func Run(ctx context.Context, id nvc0.KernelID, params []uint64, mem Memory) (Cost, error) {
+	return RunScratch(ctx, id, params, mem, nil)
+}
+
+// RunScratch is Run with working buffers kept in s from launch to launch
+// (nil: fresh buffers).
+func RunScratch(ctx context.Context, id nvc0.KernelID, params []uint64, mem Memory, s *Scratch) (Cost, error) {
+	if s == nil {
+		s = &Scratch{}
+	}
 	h, ok := kernelTable[id]
 	if !ok {
 		return Cost{}, fmt.Errorf("kernels: kernel id %d: %w", uint32(id), ErrUnknownKernel)
@@ -69,10 +101,13 @@ func Run(ctx context.Context, id nvc0.KernelID, params []uint64, mem Memory) (Co
 	if err := ctx.Err(); err != nil {
 		return Cost{}, fmt.Errorf("%s: %w", name, err)
 	}
-	return h.run(ctx, name, params, mem)
+	return h.run(ctx, name, params, mem, s)
 }
 
+func u32Slab(s *Scratch) *slab[uint32]  { return &s.u32 }
+func f32Slab(s *Scratch) *slab[float32] { return &s.f32 }
+
 // runNop is the nop kernel.
-func runNop(context.Context, string, []uint64, Memory) (Cost, error) {
+func runNop(context.Context, string, []uint64, Memory, *Scratch) (Cost, error) {
 	return Cost{}, nil
 }

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -395,5 +396,37 @@ func TestLoopWritesResult(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), nvc0.KernelLoop, []uint64{10, testBase + 60}, m); !errors.Is(err, errFault) {
 		t.Fatalf("result write off the end: %v", err)
+	}
+}
+
+// One Scratch serves launches of every matrix kernel and size in turn
+// (larger, smaller, odd), and each result is still the reference's: the
+// reused buffers carry nothing from one launch into the next.
+func TestScratchReuse(t *testing.T) {
+	var sc Scratch
+	for _, n := range []int{64, 33, 7, 64, 2} {
+		r := rand.New(rand.NewPCG(uint64(n), 9))
+		au, bu := randU32s(r, n*n), randU32s(r, n*n)
+		af, bf := randF32s(r, n*n), randF32s(r, n*n)
+		for _, tc := range []struct {
+			id         nvc0.KernelID
+			a, b, want []byte
+		}{
+			{nvc0.KernelMmul, EncodeU32s(au), EncodeU32s(bu), EncodeU32s(MmulU32(au, bu, n))},
+			{nvc0.KernelMadd, EncodeU32s(au), EncodeU32s(bu), EncodeU32s(MaddU32(au, bu))},
+			{nvc0.KernelFmmul, EncodeF32s(af), EncodeF32s(bf), EncodeF32s(MmulF32(af, bf, n))},
+			{nvc0.KernelFmadd, EncodeF32s(af), EncodeF32s(bf), EncodeF32s(MaddF32(af, bf))},
+		} {
+			size := uint64(len(tc.a))
+			mem := &flatMem{buf: make([]byte, 3*size)}
+			copy(mem.buf, tc.a)
+			copy(mem.buf[size:], tc.b)
+			if _, err := RunScratch(context.Background(), tc.id, []uint64{0, size, 2 * size, uint64(n)}, mem, &sc); err != nil {
+				t.Fatalf("%v n=%d: %v", tc.id, n, err)
+			}
+			if !bytes.Equal(mem.buf[2*size:], tc.want) {
+				t.Errorf("%v n=%d with a reused Scratch: wrong result", tc.id, n)
+			}
+		}
 	}
 }

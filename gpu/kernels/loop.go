@@ -21,7 +21,7 @@ const (
 
 // runLoop is the loop kernel: params [iterations, result]; a non-zero result
 // address receives the generator's final value.
-func runLoop(ctx context.Context, name string, params []uint64, mem Memory) (Cost, error) {
+func runLoop(ctx context.Context, name string, params []uint64, mem Memory, _ *Scratch) (Cost, error) {
 	iters, out := params[0], params[1]
 	if iters > nvc0.MaxKernelLoopIterations {
 		return Cost{}, fmt.Errorf("%s: %d iterations exceeds the maximum %d: %w", name, iters, uint64(nvc0.MaxKernelLoopIterations), ErrBadParams)

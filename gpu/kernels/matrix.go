@@ -20,14 +20,17 @@ func mulOps(n uint64) uint64 { return 2 * n * n * n }
 
 // matrixKernel builds the handler of a kernel with params [a, b, c, n] over
 // n×n matrices of T: it validates the parameters, reads a and b completely,
-// computes c and writes it.
+// computes c and writes it. Its buffers come from the Scratch (raw 0 the
+// bytes read, raw 1 the bytes written; T slabs 0 and 1 a and b, 2 and 3
+// the computation's own).
 func matrixKernel[T uint32 | float32](
-	decode func([]byte) []T,
-	encode func([]T) []byte,
-	compute func(ctx context.Context, a, b []T, n int) ([]T, error),
+	slabOf func(*Scratch) *slab[T],
+	decode func([]T, []byte),
+	encode func([]byte, []T),
+	compute func(ctx context.Context, a, b []T, n int, sl *slab[T]) ([]T, error),
 	ops func(n uint64) uint64,
-) func(context.Context, string, []uint64, Memory) (Cost, error) {
-	return func(ctx context.Context, name string, params []uint64, mem Memory) (Cost, error) {
+) func(context.Context, string, []uint64, Memory, *Scratch) (Cost, error) {
+	return func(ctx context.Context, name string, params []uint64, mem Memory, sc *Scratch) (Cost, error) {
 		va, vb, vc, n := params[0], params[1], params[2], params[3]
 		if n == 0 || n > nvc0.MaxKernelMatrixDim {
 			return Cost{}, fmt.Errorf("%s: matrix dimension %d not in [1, %d]: %w", name, n, nvc0.MaxKernelMatrixDim, ErrBadParams)
@@ -44,20 +47,25 @@ func matrixKernel[T uint32 | float32](
 		if mem == nil {
 			return Cost{}, fmt.Errorf("%s: nil Memory", name)
 		}
-		buf := make([]byte, size)
+		sl := slabOf(sc)
+		buf := sc.raw.get(0, int(size))
 		if err := mem.ReadAt(buf, va); err != nil {
 			return Cost{}, fmt.Errorf("%s: read a at %#x: %w", name, va, err)
 		}
-		a := decode(buf)
+		a := sl.get(0, int(n*n))
+		decode(a, buf)
 		if err := mem.ReadAt(buf, vb); err != nil {
 			return Cost{}, fmt.Errorf("%s: read b at %#x: %w", name, vb, err)
 		}
-		b := decode(buf)
-		c, err := compute(ctx, a, b, int(n))
+		b := sl.get(1, int(n*n))
+		decode(b, buf)
+		c, err := compute(ctx, a, b, int(n), sl)
 		if err != nil {
 			return Cost{}, fmt.Errorf("%s: %w", name, err)
 		}
-		if err := mem.WriteAt(encode(c), vc); err != nil {
+		out := sc.raw.get(1, int(size))
+		encode(out, c)
+		if err := mem.WriteAt(out, vc); err != nil {
 			return Cost{}, fmt.Errorf("%s: write c at %#x: %w", name, vc, err)
 		}
 		return Cost{Ops: ops(n), Bytes: 3 * size}, nil
@@ -65,7 +73,7 @@ func matrixKernel[T uint32 | float32](
 }
 
 // maddU32 is the madd kernel's computation; it reuses a for the result.
-func maddU32(_ context.Context, a, b []uint32, _ int) ([]uint32, error) {
+func maddU32(_ context.Context, a, b []uint32, _ int, _ *slab[uint32]) ([]uint32, error) {
 	b = b[:len(a)]
 	for i := range a {
 		a[i] += b[i]
@@ -74,7 +82,7 @@ func maddU32(_ context.Context, a, b []uint32, _ int) ([]uint32, error) {
 }
 
 // maddF32 is the fmadd kernel's computation; it reuses a for the result.
-func maddF32(_ context.Context, a, b []float32, _ int) ([]float32, error) {
+func maddF32(_ context.Context, a, b []float32, _ int, _ *slab[float32]) ([]float32, error) {
 	b = b[:len(a)]
 	for i := range a {
 		a[i] += b[i]
@@ -96,12 +104,12 @@ func mmulBlockRows(n int) int {
 }
 
 // mmulU32 is the mmul kernel's computation: c = a × b, wrapping.
-func mmulU32(ctx context.Context, a, b []uint32, n int) ([]uint32, error) {
-	bt, err := transpose(ctx, b, n)
+func mmulU32(ctx context.Context, a, b []uint32, n int, sl *slab[uint32]) ([]uint32, error) {
+	bt, err := transpose(ctx, b, n, sl.get(2, n*n))
 	if err != nil {
 		return nil, err
 	}
-	c := make([]uint32, n*n)
+	c := sl.get(3, n*n)
 	err = parallelRows(ctx, n, mmulBlockRows(n), func(i0, i1 int) {
 		mmulRowsU32(c, a, bt, n, i0, i1)
 	})
@@ -110,12 +118,12 @@ func mmulU32(ctx context.Context, a, b []uint32, n int) ([]uint32, error) {
 
 // mmulF32 is the fmmul kernel's computation: c = a × b in the summation
 // order described in the package documentation.
-func mmulF32(ctx context.Context, a, b []float32, n int) ([]float32, error) {
-	bt, err := transpose(ctx, b, n)
+func mmulF32(ctx context.Context, a, b []float32, n int, sl *slab[float32]) ([]float32, error) {
+	bt, err := transpose(ctx, b, n, sl.get(2, n*n))
 	if err != nil {
 		return nil, err
 	}
-	c := make([]float32, n*n)
+	c := sl.get(3, n*n)
 	err = parallelRows(ctx, n, mmulBlockRows(n), func(i0, i1 int) {
 		mmulRowsF32(c, a, bt, n, i0, i1)
 	})
@@ -125,9 +133,9 @@ func mmulF32(ctx context.Context, a, b []float32, n int) ([]float32, error) {
 // transposeTile is the tile edge of the cache-blocked transpose.
 const transposeTile = 32
 
-// transpose returns the transpose of the n×n row-major matrix m.
-func transpose[T any](ctx context.Context, m []T, n int) ([]T, error) {
-	t := make([]T, n*n)
+// transpose writes the transpose of the n×n row-major matrix m into t
+// (n·n elements) and returns it.
+func transpose[T any](ctx context.Context, m []T, n int, t []T) ([]T, error) {
 	err := parallelRows(ctx, n, transposeTile, func(j0, j1 int) {
 		for k0 := 0; k0 < n; k0 += transposeTile {
 			k1 := min(k0+transposeTile, n)

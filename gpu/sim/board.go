@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/errreport"
+	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -65,6 +66,10 @@ type Board struct {
 	cfg    Config
 	timing Timing
 	start  time.Time
+
+	// kscratch is the compute engine's kernel working memory, reused from
+	// launch to launch (the engine has one goroutine: one kernel at a time).
+	kscratch kernels.Scratch
 
 	vram  *vram
 	sys   sysmem

@@ -265,7 +265,7 @@ func (c *channel) launch(ctx context.Context, v *vm, m methodCall) error {
 	return b.do(ctx, b.compute, c.id, func(ctx context.Context) error {
 		return c.withContext(v, nvc0.RAMINEngineGR, srcGR, b.compute, s.words, func() error {
 			start := time.Now()
-			cost, err := kernels.Run(ctx, nvc0.KernelID(id), params, mem)
+			cost, err := kernels.RunScratch(ctx, nvc0.KernelID(id), params, mem, &b.kscratch)
 			if err != nil {
 				var fe *faultError
 				switch {

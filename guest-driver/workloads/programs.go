@@ -101,7 +101,13 @@ type matrixWorkload struct {
 	a, b   []byte
 	once   sync.Once
 	expect []byte
-	ref    func() []byte
+	// out receives the result: allocated once and cleared before each run,
+	// so a run's copy-back does not page-fault fresh memory in (which made
+	// the first runs of a process up to 10× slower in DtoH, by however the
+	// Go heap happened to grow, not by anything the GPU or the
+	// virtualization did).
+	out []byte
+	ref func() []byte
 }
 
 func newMatrix(name string, n int, mul, float bool) *matrixWorkload {
@@ -135,9 +141,13 @@ func (w *matrixWorkload) Name() string        { return w.name }
 func (w *matrixWorkload) Description() string { return Describe(w.name) }
 
 func (w *matrixWorkload) Run(dev *nouveau.Device) (Phases, error) {
-	w.once.Do(func() { w.expect = w.ref() }) // the reference is computed once, outside the timed phases
 	size := uint64(len(w.a))
-	out := make([]byte, size)
+	w.once.Do(func() {
+		w.expect = w.ref() // the reference is computed once, outside the timed phases
+		w.out = make([]byte, size)
+	})
+	out := w.out
+	clear(out) // resident and holding nothing of the last run's result, before the timed phases
 	ph, err := runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		fn, err := ctx.LoadFunction(w.id)
 		if err != nil {
@@ -187,6 +197,7 @@ type copyWorkload struct {
 	pinned bool
 	once   sync.Once
 	data   []byte
+	out    []byte // the copy back: allocated once, cleared before each run (see matrixWorkload.out)
 }
 
 func (w *copyWorkload) Name() string {
@@ -199,6 +210,7 @@ func (w *copyWorkload) Description() string { return Describe(w.Name()) }
 
 func (w *copyWorkload) Run(dev *nouveau.Device) (Phases, error) {
 	w.once.Do(func() {
+		w.out = make([]byte, w.size)
 		w.data = make([]byte, w.size)
 		r := rng(w.size)
 		for i := 0; i+8 <= len(w.data); i += 8 {
@@ -208,7 +220,8 @@ func (w *copyWorkload) Run(dev *nouveau.Device) (Phases, error) {
 			}
 		}
 	})
-	out := make([]byte, w.size)
+	out := w.out
+	clear(out) // resident, and holding nothing of the last run, before the timed phases
 	ph, err := runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		buf, err := ctx.MemAlloc(w.size)
 		if err != nil {
