@@ -40,7 +40,9 @@ func OpenNative(cfg sim.Config, log *slog.Logger) (*Native, error) {
 		return nil, errors.Join(fmt.Errorf("native: %w", err), n.Close())
 	}
 	n.RAM.SetBusBase(base)
-	if n.Device, err = nouveau.Open(board, n.RAM, nouveau.Options{Logger: log}); err != nil {
+	// The driver reaches the board through a port: its writes pipeline as
+	// on a bus, the way a guest's remapped writes do in its device model.
+	if n.Device, err = nouveau.Open(board.NewPort(), n.RAM, nouveau.Options{Logger: log}); err != nil {
 		return nil, errors.Join(fmt.Errorf("native: %w", err), n.Close())
 	}
 	return n, nil

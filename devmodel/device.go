@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/buspipe"
 	"github.com/gpuvm/gpuvm/internal/spin"
 	"github.com/gpuvm/gpuvm/ipc"
 )
@@ -64,6 +65,7 @@ type Device struct {
 	slice              []byte // the VM's VRAM slice, with remap
 	bar1Pages          uint64
 	busRead, busWrite  time.Duration // charged per passed-through access
+	bus                *buspipe.Pipe // times passed-through accesses as a bus does
 	trapCost           time.Duration // charged per trapped access
 	posted             bool          // trapped writes are posted
 }
@@ -74,7 +76,7 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if cfg.Transport == 0 {
 		cfg.Transport = ipc.TransportShm
 	}
-	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites}
+	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites, bus: buspipe.New()}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Close())
@@ -198,9 +200,11 @@ func (d *Device) remapped(bar int, off uint64) *uint32 {
 // Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
 func (d *Device) Read32(bar int, off uint64) uint32 {
 	if p := d.remapped(bar, off); p != nil {
-		// The bus cost is a floor for the access, as on the board.
-		defer spin.Until(time.Now().Add(d.busRead))
-		return atomic.LoadUint32(p)
+		// The bus cost, as the native driver's port pays it (buspipe).
+		now := d.bus.Now()
+		v := atomic.LoadUint32(p)
+		d.bus.Read(now, int64(d.busRead))
+		return v
 	}
 	spin.For(d.trapCost)
 	v, err := d.client.Read32(bar, off)
@@ -213,9 +217,9 @@ func (d *Device) Read32(bar int, off uint64) uint32 {
 // Write32 is a guest write of a BAR (gpu.MMIO).
 func (d *Device) Write32(bar int, off uint64, v uint32) {
 	if p := d.remapped(bar, off); p != nil {
-		start := time.Now()
+		now := d.bus.Now()
 		atomic.StoreUint32(p, v)
-		spin.Until(start.Add(d.busWrite))
+		d.bus.Write(now, int64(d.busWrite))
 		return
 	}
 	spin.For(d.trapCost)

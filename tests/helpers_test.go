@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -386,9 +387,21 @@ func (p *proc) wait(t *testing.T, limit time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(limit):
-		p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
-		t.Fatalf("%s did not finish within %v (killed)\nstderr:\n%s", p.name, limit, p.stderr())
+		// A hang is a bug to find: the VM process prints its goroutines
+		// on SIGQUIT, and the aggregator's (this process's) are dumped to
+		// a file beside the test's temporary files.
+		p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+			p.cmd.Process.Signal(syscall.SIGKILL)
+			<-p.done
+		}
+		buf := make([]byte, 8<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		dump := filepath.Join(os.TempDir(), fmt.Sprintf("gpuvm-hang-%s-%d.txt", p.name, os.Getpid()))
+		_ = os.WriteFile(dump, buf, 0o644)
+		t.Fatalf("%s did not finish within %v (killed; the aggregator's goroutines are in %s)\nstderr:\n%s", p.name, limit, dump, p.stderr())
 	}
 }
 

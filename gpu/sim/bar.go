@@ -27,6 +27,11 @@ func (b *Board) Read32(bar int, off uint64) uint32 {
 	}
 	defer b.leave()
 	defer b.chargeFrom(time.Now(), b.timing.MMIOReadNs)
+	return b.read32(bar, off)
+}
+
+// read32 is Read32 without the timing model.
+func (b *Board) read32(bar int, off uint64) uint32 {
 	if bar < 0 || bar >= numBARs {
 		b.st.unknown.Add(1)
 		return 0
@@ -55,6 +60,11 @@ func (b *Board) Write32(bar int, off uint64, v uint32) {
 	}
 	defer b.leave()
 	defer b.chargeFrom(time.Now(), b.timing.MMIOWriteNs)
+	b.write32(bar, off, v)
+}
+
+// write32 is Write32 without the timing model.
+func (b *Board) write32(bar int, off uint64, v uint32) {
 	if bar < 0 || bar >= numBARs {
 		b.st.unknown.Add(1)
 		return

@@ -9,7 +9,10 @@ import (
 // delay anywhere: the board runs as fast as the host allows, for tests.
 //
 // With a non-zero profile every MMIO read costs MMIOReadNs and every write
-// MMIOWriteNs (busy-waited: time.Sleep cannot express sub-microsecond delays),
+// MMIOWriteNs (busy-waited: time.Sleep cannot express sub-microsecond delays;
+// through a Port, writes pipeline as posted writes do and reads wait
+// behind them, see port.go; the native driver and a guest's remapped
+// accesses are timed that way),
 // a kernel takes at least LaunchOverheadNs + max(Ops/ComputeOpsPerSec,
 // Bytes/VRAMBytesPerSec), and a copy at least Bytes/DMABytesPerSec when either
 // side is system memory, else Bytes/VRAMBytesPerSec. When the real work took
