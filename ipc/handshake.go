@@ -142,7 +142,7 @@ func (l *Listener) readHello(c *net.UnixConn) (*Pending, error) {
 	if len(files) != 1+nExtra {
 		return fail(fmt.Errorf("hello announces 1+%d fds but carries %d", nExtra, len(files)))
 	}
-	if _, err := checkMemfd(int(files[0].Fd()), "guest RAM", h.RAMSize); err != nil {
+	if _, err := CheckMemfd(int(files[0].Fd()), "guest RAM", h.RAMSize); err != nil {
 		return fail(fmt.Errorf("dom %d (%s): %w", h.DomID, h.Name, err))
 	}
 	c.SetReadDeadline(time.Time{})

@@ -35,14 +35,16 @@ func createSealedMemfd(name string, size uint64, seals int) (*os.File, error) {
 	return f, nil
 }
 
-// checkMemfd verifies that fd is a read-write memfd of at least minSize bytes
+// CheckMemfd verifies that fd is a read-write memfd of at least minSize bytes
 // whose seals include F_SEAL_SHRINK and exclude F_SEAL_WRITE and
 // F_SEAL_FUTURE_WRITE (the mapping must be writable). It returns the size.
 //
 // F_SEAL_SHRINK matters because the other side maps the file: if its owner
 // could truncate it afterwards, every access to the vanished pages would
 // deliver SIGBUS to the mapping process (the aggregator, for guest RAM).
-func checkMemfd(fd int, what string, minSize uint64) (uint64, error) {
+// Other shared-memory protocols (pvdrm's local transport) use it for the
+// same reason.
+func CheckMemfd(fd int, what string, minSize uint64) (uint64, error) {
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
 		return 0, fmt.Errorf("%s fd is not a memfd (F_GET_SEALS: %w)", what, err)

@@ -149,7 +149,7 @@ func createRing(l ringLayout) (*ringMap, int, error) {
 
 // mapClientRing validates and maps the ring memfd received in a Welcome.
 func mapClientRing(fd int, reqN, rspN uint32) (*ringMap, error) {
-	size, err := checkMemfd(fd, "ring", ringEntriesOffset)
+	size, err := CheckMemfd(fd, "ring", ringEntriesOffset)
 	if err != nil {
 		return nil, err
 	}
