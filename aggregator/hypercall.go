@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"encoding/binary"
 	"errors"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
@@ -180,7 +181,7 @@ func (v *VGPU) hypercall(slot uint32) {
 		h.last = top
 		v.ctr.pvRejected.Add(1)
 		hypercall.PutResult(guest, 0, top, 0)
-		v.gripeLog("hypercall refused", "op", hypercall.Op(le32(h.page[:], hypercall.OffOp)), "code", top)
+		v.gripeLog("hypercall refused", "op", hypercall.Op(binary.LittleEndian.Uint32(h.page[hypercall.OffOp:])), "code", top)
 		return
 	}
 	first := hypercall.OK
@@ -204,10 +205,6 @@ func (v *VGPU) hypercall(slot uint32) {
 		hypercall.PutResult(guest, 0, first, uint32(len(calls)))
 	}
 	h.last = first
-}
-
-func le32(b []byte, off int) uint32 {
-	return uint32(b[off]) | uint32(b[off+1])<<8 | uint32(b[off+2])<<16 | uint32(b[off+3])<<24
 }
 
 // pvKind maps an ABI object kind to the shadow package's.
