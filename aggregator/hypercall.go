@@ -246,14 +246,19 @@ func (v *VGPU) pvWrite(pt, index uint32, ptes []uint64) (uint32, hypercall.Code)
 	if _, err := v.shadows.PVWrite(pt, index, ptes); err != nil {
 		return 0, pvCode(err)
 	}
-	n := 0
+	v.ctr.ptesMapped.Add(presentEntries(ptes))
+	return uint32(len(ptes)), hypercall.OK
+}
+
+// presentEntries counts the entries that map something.
+func presentEntries(ptes []uint64) uint64 {
+	n := uint64(0)
 	for _, p := range ptes {
 		if uint32(p)&nvc0.PTEPresent != 0 {
 			n++
 		}
 	}
-	v.ctr.ptesMapped.Add(uint64(n))
-	return uint32(len(ptes)), hypercall.OK
+	return n
 }
 
 func hcMap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
@@ -340,13 +345,7 @@ func (v *VGPU) barSet(b *barShadow, first uint32, ptes []uint64) (uint32, hyperc
 	if err != nil {
 		return 0, pvCode(err)
 	}
-	n := 0
-	for _, p := range ptes {
-		if uint32(p)&nvc0.PTEPresent != 0 {
-			n++
-		}
-	}
-	v.ctr.ptesMapped.Add(uint64(n))
+	v.ctr.ptesMapped.Add(presentEntries(ptes))
 	v.remapStale = true
 	v.updateRemap()
 	return uint32(len(ptes)), hypercall.OK

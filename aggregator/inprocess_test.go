@@ -102,6 +102,20 @@ func driverPV(mode string) nouveau.PVMode {
 	return nouveau.PVOff
 }
 
+// runAllWorkloads runs every workload once on the guest; each must verify.
+func runAllWorkloads(t *testing.T, g *guestVM, mode string) {
+	t.Helper()
+	for _, name := range workloads.Names() {
+		w, err := workloads.New(name, smallParams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Run(g.dev); err != nil {
+			t.Fatalf("%s on %s: %v", name, mode, err)
+		}
+	}
+}
+
 var smallParams = workloads.Params{MatrixDim: 32, LoopIterations: 1000, CopyBytes: 5<<20 + 123}
 
 func TestGuestWorkloadsRunVirtualized(t *testing.T) {
@@ -112,15 +126,7 @@ func TestGuestWorkloadsRunVirtualized(t *testing.T) {
 			if got := g.dev.VRAMSize(); got != 256<<20 {
 				t.Errorf("guest sees %d MiB of VRAM, want its 256 MiB slice", got>>20)
 			}
-			for _, name := range workloads.Names() {
-				w, err := workloads.New(name, smallParams)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := w.Run(g.dev); err != nil {
-					t.Fatalf("%s on %s: %v", name, mode, err)
-				}
-			}
+			runAllWorkloads(t, g, mode)
 			c := g.v.Counters()
 			t.Logf("%s counters: %+v", mode, c)
 			if c.Scans == 0 || c.TLBFlushes == 0 || c.BAR3Writes == 0 || c.Doorbells == 0 {

@@ -1,10 +1,6 @@
 package aggregator
 
-import (
-	"testing"
-
-	"github.com/gpuvm/gpuvm/guest-driver/workloads"
-)
+import "testing"
 
 // Every workload runs on both PV modes against the real aggregator: page
 // tables built by hypercalls only (nothing scanned, no BAR instance), no
@@ -16,15 +12,7 @@ func TestPVWorkloads(t *testing.T) {
 			agg, _ := newTestAggregator(t, 1)
 			g := startGuest(t, agg, "pv", mode)
 			before := g.v.Counters()
-			for _, name := range workloads.Names() {
-				w, err := workloads.New(name, smallParams)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := w.Run(g.dev); err != nil {
-					t.Fatalf("%s on %s: %v", name, mode, err)
-				}
-			}
+			runAllWorkloads(t, g, mode)
 			c := g.v.Counters()
 			t.Logf("%s counters: %+v", mode, c)
 			if c.Hypercalls == before.Hypercalls || c.PTEsMapped == 0 || c.HypercallOps < c.Hypercalls {
