@@ -36,7 +36,7 @@ func newTestAggregator(t *testing.T, maxVMs int) (*Aggregator, *sim.Board) {
 
 // newTestAggregatorWith builds an aggregator over a 1 GiB board with the
 // test partition; opts supplies everything else.
-func newTestAggregatorWith(t *testing.T, opts Options) (*Aggregator, *sim.Board) {
+func newTestAggregatorWith(t testing.TB, opts Options) (*Aggregator, *sim.Board) {
 	t.Helper()
 	cfg := sim.DefaultConfig()
 	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
@@ -65,7 +65,7 @@ type guestVM struct {
 	dev *nouveau.Device
 }
 
-func startGuest(t *testing.T, agg *Aggregator, name, mode string) *guestVM {
+func startGuest(t testing.TB, agg *Aggregator, name, mode string) *guestVM {
 	t.Helper()
 	ram, err := hostmem.New(name, 64<<20)
 	if err != nil {
