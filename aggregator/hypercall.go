@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/hypercall"
+	"github.com/gpuvm/gpuvm/internal/rangealloc"
 	"github.com/gpuvm/gpuvm/shadow"
 )
 
@@ -36,6 +37,12 @@ type hypercalls struct {
 	calls  uint32
 	page   [hypercall.PageSize]byte // the copy being run
 	ptes   []uint64                 // scratch for batch expansion
+	// What the call being run asked to flush, done once when it ends (a
+	// multicall of 128 flushes costs one flush per directory, not 128
+	// under the board's lock), and whether the remap table needs a look.
+	flushPDs map[uint64]struct{}
+	flushBAR [2]bool
+	remap    bool
 }
 
 // hcHandler runs one decoded call and returns its value and result.
@@ -74,6 +81,10 @@ func pvCodes() []struct {
 		{shadow.ErrPVInval, hypercall.ErrInval},
 		{shadow.ErrPVLimit, hypercall.ErrNoMem},
 		{shadow.ErrQuota, hypercall.ErrNoMem},
+		// The shared reserve running out is reported as the VM's own
+		// budget would be: the difference would tell a guest about other
+		// VMs' allocations.
+		{rangealloc.ErrNoSpace, hypercall.ErrNoMem},
 	}
 }
 
@@ -91,7 +102,7 @@ func pvCode(err error) hypercall.Code {
 
 func (v *VGPU) enablePV() {
 	v.shadows.EnablePV(shadow.PVLimits{Objects: pvMaxObjects, Bindings: pvMaxBindings})
-	v.hc = &hypercalls{dec: hypercall.NewDecoder()}
+	v.hc = &hypercalls{dec: hypercall.NewDecoder(), flushPDs: map[uint64]struct{}{}}
 	v.hcOps = hcHandlers()
 	for _, b := range v.bars {
 		b.sp.SetPV()
@@ -201,10 +212,42 @@ func (v *VGPU) hypercall(slot uint32) {
 		}
 		hypercall.PutResult(guest, c.At, code, val)
 	}
+	if err := v.hcFlush(); err != nil && first == hypercall.OK {
+		first = hypercall.ErrFailed
+	}
 	if len(calls) > 1 || calls[0].At != 0 {
 		hypercall.PutResult(guest, 0, first, uint32(len(calls)))
 	}
 	h.last = first
+}
+
+// hcFlush does the flushes the call asked for, each once, and recomputes
+// what is remapped if a BAR mapping changed.
+func (v *VGPU) hcFlush() error {
+	h := v.hc
+	var errs []error
+	for pd := range h.flushPDs {
+		if err := v.agg.phys.flush(pd, false); err != nil {
+			v.log.Error("physical TLB flush", "err", err)
+			errs = append(errs, err)
+		}
+	}
+	clear(h.flushPDs)
+	for i, b := range v.bars {
+		if h.flushBAR[i] {
+			if err := v.agg.phys.flush(b.phys.pd, true); err != nil {
+				v.log.Error("BAR TLB flush", "bar", b.bar, "err", err)
+				errs = append(errs, err)
+			}
+		}
+	}
+	h.flushBAR = [2]bool{}
+	if h.remap {
+		h.remap = false
+		v.remapStale = true
+		v.updateRemap()
+	}
+	return errors.Join(errs...)
 }
 
 // pvKind maps an ABI object kind to the shadow package's.
@@ -279,11 +322,14 @@ func (v *VGPU) batch(pte uint64, count uint32, large bool, limit int) ([]uint64,
 }
 
 func hcMapBatch(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
-	large, err := v.shadows.PVTableLarge(c.PT)
+	entries, large, err := v.shadows.PVTableEntries(c.PT)
 	if err != nil {
 		return 0, pvCode(err)
 	}
-	ptes, code := v.batch(c.PTE, c.Count, large, nvc0.SmallPTECount)
+	if c.Index >= uint32(entries) {
+		return 0, hypercall.ErrRange
+	}
+	ptes, code := v.batch(c.PTE, c.Count, large, entries-int(c.Index))
 	if code != hypercall.OK {
 		return 0, code
 	}
@@ -298,7 +344,11 @@ func hcMapSG(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 }
 
 func hcUnmap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
-	if c.Count == 0 || c.Count > nvc0.SmallPTECount {
+	entries, _, err := v.shadows.PVTableEntries(c.PT)
+	if err != nil {
+		return 0, pvCode(err)
+	}
+	if c.Count == 0 || c.Index >= uint32(entries) || c.Count > uint32(entries)-c.Index {
 		return 0, hypercall.ErrRange
 	}
 	if cap(v.hc.ptes) < int(c.Count) {
@@ -315,10 +365,7 @@ func hcVMFlush(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 		return 0, pvCode(err)
 	}
 	v.ctr.tlbFlushes.Add(1)
-	if err := v.agg.phys.flush(pd, false); err != nil {
-		v.log.Error("physical TLB flush", "err", err)
-		return 0, hypercall.ErrFailed
-	}
+	v.hc.flushPDs[pd] = struct{}{} // done when the call ends (hcFlush)
 	return 0, hypercall.OK
 }
 
@@ -338,16 +385,13 @@ func (v *VGPU) pvBAR(bar uint32) (*barShadow, bool) {
 func (v *VGPU) barSet(b *barShadow, first uint32, ptes []uint64) (uint32, hypercall.Code) {
 	st, err := b.sp.PVSet(int(first), ptes)
 	if st.Changed() {
-		if ferr := v.agg.phys.flush(b.phys.pd, true); ferr != nil {
-			v.log.Error("BAR TLB flush", "bar", b.bar, "err", ferr)
-		}
+		v.hc.flushBAR[b.index()] = true // flushed, and remap recomputed, when the call ends
+		v.hc.remap = true
 	}
 	if err != nil {
 		return 0, pvCode(err)
 	}
 	v.ctr.ptesMapped.Add(presentEntries(ptes))
-	v.remapStale = true
-	v.updateRemap()
 	return uint32(len(ptes)), hypercall.OK
 }
 
@@ -356,7 +400,10 @@ func hcBARMap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 	if !ok {
 		return 0, hypercall.ErrInval
 	}
-	ptes, code := v.batch(c.PTE, c.Count, false, b.sp.Pages())
+	if c.Index >= uint32(b.sp.Pages()) {
+		return 0, hypercall.ErrRange
+	}
+	ptes, code := v.batch(c.PTE, c.Count, false, b.sp.Pages()-int(c.Index))
 	if code != hypercall.OK {
 		return 0, code
 	}
@@ -368,7 +415,7 @@ func hcBARUnmap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 	if !ok {
 		return 0, hypercall.ErrInval
 	}
-	if c.Count == 0 || c.Count > uint32(b.sp.Pages()) {
+	if c.Count == 0 || c.Index >= uint32(b.sp.Pages()) || c.Count > uint32(b.sp.Pages())-c.Index {
 		return 0, hypercall.ErrRange
 	}
 	return v.barSet(b, c.Index, make([]uint64, c.Count))

@@ -271,8 +271,12 @@ func (b *BARSpace) PVSet(first int, ptes []uint64) (Stats, error) {
 	}
 	start := time.Now()
 	err := b.commit(b.t.shadow+uint64(first)*nvc0.PTESize, nvc0.PTESize, b.t.cur[first:first+len(ptes)], next, false, &st)
-	if err == nil {
-		copy(b.guest[first:], guest)
+	for j := range next {
+		// What the board now holds is what guest[] says: after a failed
+		// write, only the entries that did land.
+		if err == nil || b.t.cur[first+j] == next[j] {
+			b.guest[first+j] = guest[j]
+		}
 	}
 	st.Duration = time.Since(start)
 	return st, err

@@ -3,6 +3,7 @@ package shadow
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
@@ -55,6 +56,7 @@ type pvState struct {
 	objs   map[uint32]*pvObject
 	next   uint32
 	bind   map[uint64]uint32 // guest RAMIN address -> page-directory handle
+	byTab  map[*table]*pvObject
 }
 
 // pvObject is one live handle.
@@ -66,7 +68,10 @@ type pvObject struct {
 	in  *Space
 	pde int
 	// flushPDs are the shadow page directories the table was linked into
-	// since it was created: any of them may have walked it.
+	// since it was created, each once: any of them may have walked it.
+	// Bounded by the page directories that ever existed, which the handle
+	// limit bounds at any one time (a directory's memory may be reused by
+	// a later one at the same address: it is listed once).
 	flushPDs []uint64
 }
 
@@ -74,7 +79,7 @@ type pvObject struct {
 // take their page directory from SET_PGD bindings (PVBind), not from the
 // RAMIN's page-directory field.
 func (m *Manager) EnablePV(l PVLimits) {
-	m.pv = &pvState{limits: l, objs: map[uint32]*pvObject{}, bind: map[uint64]uint32{}}
+	m.pv = &pvState{limits: l, objs: map[uint32]*pvObject{}, bind: map[uint64]uint32{}, byTab: map[*table]*pvObject{}}
 }
 
 // PV reports whether the Manager serves PV page tables.
@@ -131,6 +136,8 @@ func (m *Manager) PVAlloc(kind PVKind) (uint32, error) {
 	}
 	if o.space != nil {
 		o.space.pvHandle = p.next
+	} else {
+		p.byTab[o.tab] = o
 	}
 	p.objs[p.next] = o
 	return p.next, nil
@@ -195,16 +202,21 @@ func (m *Manager) PVFree(h uint32) error {
 	if err != nil {
 		return err
 	}
-	delete(m.pv.objs, h)
 	if o.space == nil {
+		// Unlink first: if the directory entry cannot be written, the
+		// table stays linked, held and the guest's.
 		if o.in != nil {
 			if err := o.in.pvLink(o.pde, o.tab.large, nil); err != nil {
 				return err
 			}
+			o.in = nil
 		}
+		delete(m.pv.objs, h)
+		delete(m.pv.byTab, o.tab)
 		m.retireTable(o)
 		return nil
 	}
+	delete(m.pv.objs, h)
 	for ramin, pd := range m.pv.bind {
 		if pd == h {
 			delete(m.pv.bind, ramin)
@@ -342,18 +354,16 @@ func (m *Manager) PVMapPGT(pd, pde, small, large uint32) error {
 		if cur == next {
 			continue
 		}
-		// Unlink the table there now.
-		for _, t := range m.pv.objs {
-			if t.tab != nil && t.tab == cur {
-				t.in = nil
-			}
-		}
 		if err := s.pvLink(int(pde), large, next); err != nil {
 			return err
 		}
+		// Only now is the table that was there unlinked.
+		if old := m.pv.byTab[cur]; old != nil {
+			old.in = nil
+		}
 		if t := want[k]; t != nil {
 			t.in, t.pde = s, int(pde)
-			if len(t.flushPDs) == 0 || t.flushPDs[len(t.flushPDs)-1] != s.shadowPD {
+			if !slices.Contains(t.flushPDs, s.shadowPD) {
 				t.flushPDs = append(t.flushPDs, s.shadowPD)
 			}
 		}
@@ -362,17 +372,19 @@ func (m *Manager) PVMapPGT(pd, pde, small, large uint32) error {
 }
 
 // pvLink writes one half of PDE i: the small or large table t (nil: none).
+// The space's record of its tables changes only once the entry is written.
 func (s *Space) pvLink(i int, large bool, t *table) error {
+	small, lg := s.small[i], s.large[i]
 	if large {
-		s.large[i] = t
+		lg = t
 	} else {
-		s.small[i] = t
+		small = t
 	}
 	var e nvc0.PDE
-	if sm := s.small[i]; sm != nil {
-		e.SmallPresent, e.SmallAddr = true, sm.shadow
+	if small != nil {
+		e.SmallPresent, e.SmallAddr = true, small.shadow
 	}
-	if lg := s.large[i]; lg != nil {
+	if lg != nil {
 		e.LargePresent, e.LargeAddr = true, lg.shadow
 	}
 	w0, w1 := e.Encode()
@@ -380,6 +392,7 @@ func (s *Space) pvLink(i int, large bool, t *table) error {
 	if err := s.commit(s.shadowPD+uint64(i)*nvc0.PDESize, nvc0.PDESize, s.pdCur[i:i+1], []uint64{uint64(w0) | uint64(w1)<<32}, false, &st); err != nil {
 		return fmt.Errorf("write PV page directory entry %d: %w", i, err)
 	}
+	s.small[i], s.large[i] = small, lg
 	return nil
 }
 
@@ -489,6 +502,16 @@ func ExpandBatch(first uint64, count int, large bool) ([]uint64, error) {
 		e.Addr += step
 	}
 	return out, nil
+}
+
+// PVTableEntries returns how many entries table pt has and whether it is
+// a large-page table.
+func (m *Manager) PVTableEntries(pt uint32) (int, bool, error) {
+	o, err := m.pvObj(pt, PVSmallTable, PVLargeTable)
+	if err != nil {
+		return 0, false, err
+	}
+	return o.tab.entries, o.tab.large, nil
 }
 
 // PVTableLarge reports whether pt is a large-page table.

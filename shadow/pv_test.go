@@ -264,3 +264,89 @@ func FuzzPVBuilder(f *testing.F) {
 		}
 	})
 }
+
+// failingMem fails writes while fail is set.
+type failingMem struct {
+	*flatMem
+	fail bool
+}
+
+func (m *failingMem) WriteVRAM(p []byte, addr uint64) error {
+	if m.fail {
+		return errors.New("injected write failure")
+	}
+	return m.flatMem.WriteVRAM(p, addr)
+}
+
+// A table moved between two directories over and over is listed once per
+// directory for the flush before its memory is reused, not once per move
+// (a guest looping MAP_PGT would otherwise grow the list, and the retired
+// queue at free, without bound).
+func TestPVFlushListBounded(t *testing.T) {
+	e := newEnv(t)
+	m := newPVManager(t, e)
+	a, _ := m.PVAlloc(PVPageDir)
+	b, _ := m.PVAlloc(PVPageDir)
+	tab, _ := m.PVAlloc(PVLargeTable)
+	for range 1000 {
+		for _, pd := range []uint32{a, b} {
+			if err := m.PVMapPGT(pd, 0, 0, tab); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.PVMapPGT(pd, 0, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := len(m.pv.objs[tab].flushPDs); n != 2 {
+		t.Errorf("the table lists %d directories to flush, want 2", n)
+	}
+	if err := m.PVFree(tab); err != nil {
+		t.Fatal(err)
+	}
+	if m.Retired() != 2 {
+		t.Errorf("%d retired entries after freeing the table, want 2", m.Retired())
+	}
+}
+
+// A directory entry that cannot be written changes nothing: the old table
+// stays linked (and held), the new one stays unlinked, and a free that
+// cannot unlink keeps the handle.
+func TestPVLinkWriteFailure(t *testing.T) {
+	e := newEnv(t)
+	fm := &failingMem{flatMem: e.mem}
+	m, err := NewManager(Config{Memory: fm, Allocator: e.alloc, Translator: e.tr, MaxShadowBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.EnablePV(PVLimits{Objects: 16, Bindings: 4})
+	pd, _ := m.PVAlloc(PVPageDir)
+	small, _ := m.PVAlloc(PVSmallTable)
+	large, _ := m.PVAlloc(PVLargeTable)
+	if err := m.PVMapPGT(pd, 5, small, 0); err != nil {
+		t.Fatal(err)
+	}
+	fm.fail = true
+	if err := m.PVMapPGT(pd, 5, 0, large); err == nil {
+		t.Fatal("a failed directory write succeeded")
+	}
+	if err := m.PVFree(small); err == nil {
+		t.Fatal("a free whose unlink failed succeeded")
+	}
+	fm.fail = false
+	s := m.pv.objs[pd].space
+	if s.small[5] != m.pv.objs[small].tab || s.large[5] != nil || m.pv.objs[small].in != s || m.pv.objs[large].in != nil {
+		t.Fatalf("after failed writes the directory records small %v large %v", s.small[5], s.large[5])
+	}
+	shadowPD, _ := m.PVShadowPD(pd)
+	if v := e.walk(t, shadowPD); len(v.tables) != 1 {
+		t.Errorf("the directory links %d tables, want the small one", len(v.tables))
+	}
+	if err := m.PVFree(large); err != nil {
+		t.Fatal(err)
+	}
+	_ = m.Reclaim(nil)
+	if v := e.walk(t, shadowPD); len(v.tables) != 1 {
+		t.Errorf("after the large table was freed the directory links %d tables", len(v.tables))
+	}
+}
