@@ -36,7 +36,7 @@ type hypercalls struct {
 	last   hypercall.Code // of the last call
 	calls  uint32
 	page   [hypercall.PageSize]byte // the copy being run
-	ptes   []uint64                 // scratch for batch expansion
+	ptes   []uint64                 // scratch for batch expansion and unmaps (scratch)
 	// What the call being run asked to flush, done once when it ends (a
 	// multicall of 128 flushes costs one flush per directory, not 128
 	// under the board's lock), and whether the remap table needs a look.
@@ -314,11 +314,20 @@ func (v *VGPU) batch(pte uint64, count uint32, large bool, limit int) ([]uint64,
 	if count == 0 || count > uint32(limit) {
 		return nil, hypercall.ErrRange
 	}
-	ptes, err := shadow.ExpandBatch(pte, int(count), large)
-	if err != nil {
+	ptes := v.hc.scratch(int(count))
+	if err := shadow.ExpandBatch(ptes, pte, large); err != nil {
 		return nil, pvCode(err)
 	}
 	return ptes, hypercall.OK
+}
+
+// scratch returns the VM's reused entry buffer with n entries (at most a
+// table's or an aperture's: the callers bound n first).
+func (h *hypercalls) scratch(n int) []uint64 {
+	if cap(h.ptes) < n {
+		h.ptes = make([]uint64, n)
+	}
+	return h.ptes[:n]
 }
 
 func hcMapBatch(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
@@ -351,10 +360,7 @@ func hcUnmap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 	if c.Count == 0 || c.Index >= uint32(entries) || c.Count > uint32(entries)-c.Index {
 		return 0, hypercall.ErrRange
 	}
-	if cap(v.hc.ptes) < int(c.Count) {
-		v.hc.ptes = make([]uint64, c.Count)
-	}
-	zero := v.hc.ptes[:c.Count]
+	zero := v.hc.scratch(int(c.Count))
 	clear(zero)
 	return v.pvWrite(c.PT, c.Index, zero)
 }
@@ -418,5 +424,7 @@ func hcBARUnmap(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code) {
 	if c.Count == 0 || c.Index >= uint32(b.sp.Pages()) || c.Count > uint32(b.sp.Pages())-c.Index {
 		return 0, hypercall.ErrRange
 	}
-	return v.barSet(b, c.Index, make([]uint64, c.Count))
+	zero := v.hc.scratch(int(c.Count))
+	clear(zero)
+	return v.barSet(b, c.Index, zero)
 }

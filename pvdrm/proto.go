@@ -168,12 +168,13 @@ type PushEntry struct {
 	Handle, Offset, Length uint32
 }
 
-// Decoder decodes requests; it is immutable and safe for concurrent use.
-type Decoder struct{ specs map[Op]Spec }
+// Codec encodes and decodes requests and responses by the table Specs()
+// returns, built once; it is immutable and safe for concurrent use.
+type Codec struct{ specs map[Op]Spec }
 
-// NewDecoder returns a Decoder for Specs().
-func NewDecoder() *Decoder {
-	d := &Decoder{specs: map[Op]Spec{}}
+// NewCodec returns a Codec for Specs().
+func NewCodec() *Codec {
+	d := &Codec{specs: map[Op]Spec{}}
 	for _, s := range Specs() {
 		d.specs[s.Op] = s
 	}
@@ -182,7 +183,7 @@ func NewDecoder() *Decoder {
 
 // Decode decodes a request slot (a private copy: Back.Next's). The error is
 // the negative errno to answer with.
-func (d *Decoder) Decode(slot []byte) (Request, int32) {
+func (d *Codec) Decode(slot []byte) (Request, int32) {
 	r := Request{ID: binary.LittleEndian.Uint64(slot[OffID:]), Op: Op(binary.LittleEndian.Uint16(slot[OffOp:]))}
 	s, ok := d.specs[r.Op]
 	if !ok {
@@ -236,8 +237,8 @@ func put(b []byte, f Field, v uint64) {
 
 // EncodeRequest writes a request into slot (SlotSize bytes) from its
 // fields by name (the front end's side).
-func EncodeRequest(slot []byte, r Request) error {
-	s, ok := SpecOf(r.Op)
+func (d *Codec) EncodeRequest(slot []byte, r Request) error {
+	s, ok := d.specs[r.Op]
 	if !ok {
 		return fmt.Errorf("pvdrm: unknown op %d", r.Op)
 	}
@@ -277,12 +278,12 @@ type Response struct {
 }
 
 // EncodeResponse writes a response into slot (the back end's side).
-func EncodeResponse(slot []byte, r Response) {
+func (d *Codec) EncodeResponse(slot []byte, r Response) {
 	clear(slot[:SlotSize])
 	binary.LittleEndian.PutUint64(slot[OffID:], r.ID)
 	binary.LittleEndian.PutUint16(slot[OffOp:], uint16(r.Op))
 	binary.LittleEndian.PutUint32(slot[OffStatus:], uint32(r.Status))
-	if s, ok := SpecOf(r.Op); ok && r.Status == 0 {
+	if s, ok := d.specs[r.Op]; ok && r.Status == 0 {
 		for _, f := range s.Results {
 			put(slot[OffArgs:SlotSize], f, r.Results[f.Name])
 		}
@@ -290,24 +291,14 @@ func EncodeResponse(slot []byte, r Response) {
 }
 
 // DecodeResponse reads a response slot (the front end's side).
-func DecodeResponse(slot []byte) Response {
+func (d *Codec) DecodeResponse(slot []byte) Response {
 	r := Response{ID: binary.LittleEndian.Uint64(slot[OffID:]), Op: Op(binary.LittleEndian.Uint16(slot[OffOp:])),
 		Status: int32(binary.LittleEndian.Uint32(slot[OffStatus:]))}
-	if s, ok := SpecOf(r.Op); ok && r.Status == 0 {
+	if s, ok := d.specs[r.Op]; ok && r.Status == 0 {
 		r.Results = map[string]uint64{}
 		for _, f := range s.Results {
 			r.Results[f.Name] = get(slot[OffArgs:SlotSize], f)
 		}
 	}
 	return r
-}
-
-// SpecOf returns an op's Spec.
-func SpecOf(op Op) (Spec, bool) {
-	for _, s := range Specs() {
-		if s.Op == op {
-			return s, true
-		}
-	}
-	return Spec{}, false
 }

@@ -7,7 +7,7 @@ import (
 )
 
 func TestRequestRoundTrip(t *testing.T) {
-	d := NewDecoder()
+	d := NewCodec()
 	slot := make([]byte, SlotSize)
 	for _, s := range Specs() {
 		r := Request{ID: 77, Op: s.Op, Args: map[string]uint64{}}
@@ -22,7 +22,7 @@ func TestRequestRoundTrip(t *testing.T) {
 			r.Push = []PushEntry{{5, 0x100, 0x40}}
 			r.Args["nr_buffers"], r.Args["nr_push"] = 2, 1
 		}
-		if err := EncodeRequest(slot, r); err != nil {
+		if err := d.EncodeRequest(slot, r); err != nil {
 			t.Fatal(err)
 		}
 		got, errno := d.Decode(slot)
@@ -37,19 +37,19 @@ func TestRequestRoundTrip(t *testing.T) {
 		for i, f := range s.Results {
 			rsp.Results[f.Name] = uint64(100 + i)
 		}
-		EncodeResponse(slot, rsp)
-		if back := DecodeResponse(slot); back.ID != 77 || back.Status != 0 || len(back.Results) != len(s.Results) || (len(s.Results) > 0 && !reflect.DeepEqual(back.Results, rsp.Results)) {
+		d.EncodeResponse(slot, rsp)
+		if back := d.DecodeResponse(slot); back.ID != 77 || back.Status != 0 || len(back.Results) != len(s.Results) || (len(s.Results) > 0 && !reflect.DeepEqual(back.Results, rsp.Results)) {
 			t.Errorf("%s response: %+v", s.Name, back)
 		}
 	}
-	EncodeResponse(slot, Response{ID: 1, Op: OpGEMNew, Status: -ENOMEM})
-	if r := DecodeResponse(slot); r.Status != -ENOMEM || r.Results != nil {
+	d.EncodeResponse(slot, Response{ID: 1, Op: OpGEMNew, Status: -ENOMEM})
+	if r := d.DecodeResponse(slot); r.Status != -ENOMEM || r.Results != nil {
 		t.Errorf("error response: %+v", r)
 	}
 }
 
 func TestRequestRefused(t *testing.T) {
-	d := NewDecoder()
+	d := NewCodec()
 	mk := func(op Op, file uint32, edit func(args []byte)) []byte {
 		slot := make([]byte, SlotSize)
 		binary.LittleEndian.PutUint16(slot[OffOp:], uint16(op))
@@ -82,13 +82,13 @@ func TestRequestRefused(t *testing.T) {
 // FuzzDecodeRequest: any slot decodes without panic; a decoded request has
 // its lists within limits and re-encodes to a slot that decodes the same.
 func FuzzDecodeRequest(f *testing.F) {
+	d := NewCodec()
 	slot := make([]byte, SlotSize)
-	_ = EncodeRequest(slot, Request{ID: 1, Op: OpPushbuf, File: 1, Args: map[string]uint64{"channel": 1, "nr_buffers": 1, "nr_push": 1},
+	_ = d.EncodeRequest(slot, Request{ID: 1, Op: OpPushbuf, File: 1, Args: map[string]uint64{"channel": 1, "nr_buffers": 1, "nr_push": 1},
 		Buffers: []uint32{2}, Push: []PushEntry{{2, 0, 64}}})
 	f.Add(append([]byte(nil), slot...))
-	_ = EncodeRequest(slot, Request{ID: 2, Op: OpGEMNew, File: 1, Args: map[string]uint64{"size": 4096, "domain": DomainGART, "flags": GEMMappable}})
+	_ = d.EncodeRequest(slot, Request{ID: 2, Op: OpGEMNew, File: 1, Args: map[string]uint64{"size": 4096, "domain": DomainGART, "flags": GEMMappable}})
 	f.Add(append([]byte(nil), slot...))
-	d := NewDecoder()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		in := make([]byte, SlotSize)
 		copy(in, b)
@@ -100,7 +100,7 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("lists beyond limits: %d buffers, %d segments", len(r.Buffers), len(r.Push))
 		}
 		out := make([]byte, SlotSize)
-		if err := EncodeRequest(out, r); err != nil {
+		if err := d.EncodeRequest(out, r); err != nil {
 			t.Fatal(err)
 		}
 		again, errno := d.Decode(out)

@@ -135,6 +135,7 @@ type Manager struct {
 	counters Counters // scan counters arrive through Space.sink
 	pv       *pvState // PV page tables (pv.go); nil for a FV vGPU
 	pvm      *mirror  // writes PV tables
+	pvNext   []uint64 // PVWrite's translated entries, reused (at most one table's)
 }
 
 // NewManager returns an empty Manager.

@@ -134,9 +134,7 @@ func (m *Manager) PVAlloc(kind PVKind) (uint32, error) {
 			break
 		}
 	}
-	if o.space != nil {
-		o.space.pvHandle = p.next
-	} else {
+	if o.space == nil {
 		p.byTab[o.tab] = o
 	}
 	p.objs[p.next] = o
@@ -414,7 +412,11 @@ func (m *Manager) PVWrite(pt uint32, index uint32, ptes []uint64) (int, error) {
 	if t.large {
 		translate = m.tr.LargePTE
 	}
-	next := make([]uint64, len(ptes))
+	if cap(m.pvNext) < len(ptes) {
+		m.pvNext = make([]uint64, len(ptes))
+	}
+	next := m.pvNext[:len(ptes)]
+	clear(next)
 	for j, v := range ptes {
 		lo, hi := uint32(v), uint32(v>>32)
 		if lo&nvc0.PTEPresent == 0 {
@@ -477,15 +479,15 @@ func (m *Manager) closePV() error {
 	return errors.Join(errs...)
 }
 
-// ExpandBatch returns count guest PTE words starting from first, each
+// ExpandBatch fills dst with guest PTE words starting from first, each
 // mapping the page after the previous one, as a MAP_BATCH describes them.
-// A non-present first entry yields count non-present entries. It fails
+// A non-present first entry yields non-present entries. It fails
 // (ErrPVRange) if the addresses run past what a PTE encodes.
-func ExpandBatch(first uint64, count int, large bool) ([]uint64, error) {
-	out := make([]uint64, count)
+func ExpandBatch(dst []uint64, first uint64, large bool) error {
 	lo, hi := uint32(first), uint32(first>>32)
 	if lo&nvc0.PTEPresent == 0 {
-		return out, nil
+		clear(dst)
+		return nil
 	}
 	e := nvc0.DecodePTE(lo, hi)
 	step := uint64(nvc0.PageSize)
@@ -493,15 +495,15 @@ func ExpandBatch(first uint64, count int, large bool) ([]uint64, error) {
 		step = nvc0.LargePageSize
 	}
 	limit := maxPhysAddr()
-	for j := range out {
+	for j := range dst {
 		if e.Addr >= limit {
-			return nil, fmt.Errorf("batch address %#x: %w", e.Addr, ErrPVRange)
+			return fmt.Errorf("batch address %#x: %w", e.Addr, ErrPVRange)
 		}
 		a, b := e.Encode()
-		out[j] = uint64(a) | uint64(b)<<32
+		dst[j] = uint64(a) | uint64(b)<<32
 		e.Addr += step
 	}
-	return out, nil
+	return nil
 }
 
 // PVTableEntries returns how many entries table pt has and whether it is
@@ -512,13 +514,4 @@ func (m *Manager) PVTableEntries(pt uint32) (int, bool, error) {
 		return 0, false, err
 	}
 	return o.tab.entries, o.tab.large, nil
-}
-
-// PVTableLarge reports whether pt is a large-page table.
-func (m *Manager) PVTableLarge(pt uint32) (bool, error) {
-	o, err := m.pvObj(pt, PVSmallTable, PVLargeTable)
-	if err != nil {
-		return false, err
-	}
-	return o.tab.large, nil
 }

@@ -240,7 +240,7 @@ func FuzzPVBuilder(f *testing.F) {
 					}
 					continue
 				}
-				large, _ := m.PVTableLarge(pt)
+				_, large, _ := m.PVTableEntries(pt)
 				tr := m.tr.PTE
 				if large {
 					tr = m.tr.LargePTE

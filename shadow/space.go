@@ -111,8 +111,7 @@ type Space struct {
 	closed bool
 	// pv: a para-virtual page directory (pv.go): the aggregator writes it
 	// entry by entry; there is no guest copy to scan.
-	pv       bool
-	pvHandle uint32
+	pv bool
 }
 
 // NewSpace creates the shadow of the guest page directory at guest VRAM
