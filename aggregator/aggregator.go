@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/sched"
 )
@@ -144,6 +146,18 @@ func (a *Aggregator) Layout() Layout { return a.layout }
 // vGPU already (or one still being torn down) is refused: one live vGPU per
 // domain.
 func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, error) {
+	return a.attachWith(g, func() ([]byte, func() error, error) {
+		ram, err := unix.Mmap(int(ramFile.Fd()), 0, int(ramSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ram, func() error { return unix.Munmap(ram) }, nil
+	})
+}
+
+// attachWith is Attach with the guest RAM mapped by mapRAM, which returns
+// the mapping and how to unmap it.
+func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
 	a.mu.Lock()
 	for _, v := range a.vgpus {
 		switch {
@@ -169,7 +183,7 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 	}
 	a.vgpus[slot] = &VGPU{ID: slot, Guest: g} // hold the slot (and the identity) while building
 	a.mu.Unlock()
-	v, err := a.attach(a.layout.Slots[slot], g, ramFile, ramSize)
+	v, err := a.attach(a.layout.Slots[slot], g, mapRAM)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {

@@ -33,6 +33,11 @@ type Counters struct {
 	HypercallOps          uint64 // PV: operations run (a multicall counts each of its calls)
 	PTEsMapped            uint64 // PV: present entries installed by hypercalls
 	PVRejected            uint64 // PV: calls and registrations refused
+	PVDRMRequests         uint64 // pvdrm: requests the back end took off the ring
+	PVDRMNotifications    uint64 // pvdrm: kicks the back end sent the front end
+	PVDRMRejected         uint64 // pvdrm: requests answered with an error
+	PVDRMShares           uint64 // pvdrm: buffers whose pages were shared with the guest (GEM_MMAP)
+	PVDRMPoolHits         uint64 // pvdrm: GEM_NEW answered from the pool (no new share)
 }
 
 // Map returns the counters under their report names.
@@ -48,7 +53,8 @@ func (c Counters) Map() map[string]uint64 {
 		"watchdog_stops": c.WatchdogStops, "wedged_channels": c.WedgedChannels, "log_suppressed": c.LogSuppressed,
 		"error_reports": c.ErrorReports, "reports_dropped": c.ReportsDropped,
 		"hypercalls": c.Hypercalls, "hypercall_ops": c.HypercallOps, "ptes_mapped": c.PTEsMapped,
-		"pv_rejected": c.PVRejected,
+		"pv_rejected": c.PVRejected, "pvdrm_requests": c.PVDRMRequests, "pvdrm_notifications": c.PVDRMNotifications,
+		"pvdrm_rejected": c.PVDRMRejected, "pvdrm_shares": c.PVDRMShares, "pvdrm_pool_hits": c.PVDRMPoolHits,
 	}
 }
 
@@ -80,7 +86,8 @@ func CounterNames() []string {
 	return []string{"bar0_reads", "bar0_writes", "bar1_reads", "bar1_writes", "bar3_reads", "bar3_writes",
 		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells",
 		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed",
-		"error_reports", "reports_dropped", "hypercalls", "hypercall_ops", "ptes_mapped", "pv_rejected"}
+		"error_reports", "reports_dropped", "hypercalls", "hypercall_ops", "ptes_mapped", "pv_rejected",
+		"pvdrm_requests", "pvdrm_notifications", "pvdrm_rejected", "pvdrm_shares", "pvdrm_pool_hits"}
 }
 
 // counters is the live, atomically updated form.
@@ -99,6 +106,11 @@ type counters struct {
 	hypercallOps    atomic.Uint64
 	ptesMapped      atomic.Uint64
 	pvRejected      atomic.Uint64
+	pvdrmRequests   atomic.Uint64
+	pvdrmNotify     atomic.Uint64
+	pvdrmRejected   atomic.Uint64
+	pvdrmShares     atomic.Uint64
+	pvdrmPoolHits   atomic.Uint64
 }
 
 func (v *VGPU) snapshot() Counters {
@@ -117,25 +129,30 @@ func (v *VGPU) snapshot() Counters {
 		BAR0Reads: c.reads[0].Load(), BAR0Writes: c.writes[0].Load(),
 		BAR1Reads: c.reads[1].Load(), BAR1Writes: c.writes[1].Load(),
 		BAR3Reads: c.reads[3].Load(), BAR3Writes: c.writes[3].Load(),
-		Denied:           c.denied.Load(),
-		TLBFlushes:       c.tlbFlushes.Load(),
-		Scans:            sh.FullScans + sh.IncrementalScans + bar.FullScans,
-		IncrementalScans: sh.IncrementalScans,
-		PTEsScanned:      sh.PTEsScanned + bar.PTEsScanned,
-		ShadowNs:         uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
-		Doorbells:        c.doorbells.Load(),
-		PolledDoorbells:  c.polledDoorbells.Load(),
-		RemappedPages:    uint64(v.remappedPages()),
-		TrackedPages:     uint64(v.shadows.Tracker().Pages()),
-		ScanErrors:       c.scanErrors.Load(),
-		WatchdogStops:    c.watchdogStops.Load(),
-		WedgedChannels:   c.wedged.Load(),
-		LogSuppressed:    v.gripe.Suppressed(),
-		ErrorReports:     c.faultReports.Load(),
-		ReportsDropped:   c.reportsDropped.Load(),
-		Hypercalls:       c.hypercalls.Load(),
-		HypercallOps:     c.hypercallOps.Load(),
-		PTEsMapped:       c.ptesMapped.Load(),
-		PVRejected:       c.pvRejected.Load(),
+		Denied:             c.denied.Load(),
+		TLBFlushes:         c.tlbFlushes.Load(),
+		Scans:              sh.FullScans + sh.IncrementalScans + bar.FullScans,
+		IncrementalScans:   sh.IncrementalScans,
+		PTEsScanned:        sh.PTEsScanned + bar.PTEsScanned,
+		ShadowNs:           uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
+		Doorbells:          c.doorbells.Load(),
+		PolledDoorbells:    c.polledDoorbells.Load(),
+		RemappedPages:      uint64(v.remappedPages()),
+		TrackedPages:       uint64(v.shadows.Tracker().Pages()),
+		ScanErrors:         c.scanErrors.Load(),
+		WatchdogStops:      c.watchdogStops.Load(),
+		WedgedChannels:     c.wedged.Load(),
+		LogSuppressed:      v.gripe.Suppressed(),
+		ErrorReports:       c.faultReports.Load(),
+		ReportsDropped:     c.reportsDropped.Load(),
+		Hypercalls:         c.hypercalls.Load(),
+		HypercallOps:       c.hypercallOps.Load(),
+		PTEsMapped:         c.ptesMapped.Load(),
+		PVRejected:         c.pvRejected.Load(),
+		PVDRMRequests:      c.pvdrmRequests.Load(),
+		PVDRMNotifications: c.pvdrmNotify.Load(),
+		PVDRMRejected:      c.pvdrmRejected.Load(),
+		PVDRMShares:        c.pvdrmShares.Load(),
+		PVDRMPoolHits:      c.pvdrmPoolHits.Load(),
 	}
 }

@@ -24,6 +24,12 @@ type Features struct {
 	// and BAR apertures are built by hypercalls (BAR5, package hypercall)
 	// into tables the aggregator owns; nothing is scanned.
 	PV bool
+	// PVDRM: the guest has no GPU registers; the aggregator's pvdrm back
+	// end drives the vGPU for it with its own driver (GPUvm §4.1.4), in
+	// the PV driver mode (aggregator-owned page tables, nothing scanned).
+	PVDRM bool
+	// Pooling: pvdrm keeps closed mappable buffers for reuse (GEM pooling).
+	Pooling bool
 	// PollDoorbells: doorbells are found by polling the guest's user areas
 	// instead of trapping (an aggregator option, not part of the mode).
 	PollDoorbells bool
@@ -41,6 +47,8 @@ func modeFeatures() map[config.Mode]Features {
 		config.ModeFVIncremental: {Lazy: true, Remap: true, Incremental: true},
 		config.ModePVNaive:       {Remap: true, PV: true},
 		config.ModePVMulticall:   {Remap: true, PV: true},
+		config.ModePVDRM:         {PV: true, PVDRM: true},
+		config.ModePVDRMPooling:  {PV: true, PVDRM: true, Pooling: true},
 	}
 }
 

@@ -110,7 +110,7 @@ func runAllWorkloads(t *testing.T, g *guestVM, mode string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.Run(g.dev); err != nil {
+		if _, err := w.Run(gdev.Nouveau(g.dev)); err != nil {
 			t.Fatalf("%s on %s: %v", name, mode, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/ipc"
 )
 
@@ -82,6 +83,10 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 	if !IsServedMode(h.Mode) {
 		log.Warn("refused", "mode", h.Mode)
 		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, Modes()))
+		return
+	}
+	if config.Mode(h.Mode).IsPVDRM() {
+		a.servePVDRM(ctx, p, log)
 		return
 	}
 	v, err := a.Attach(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}, p.RAM(), h.RAMSize)

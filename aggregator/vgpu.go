@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
@@ -53,8 +50,9 @@ type VGPU struct {
 	gripe *ratelog.Limiter // bounds the log lines the guest can cause
 
 	// The guest's RAM: its memfd mapped shared, registered with the board.
-	ram     []byte
-	ramBase uint64 // where the board sees it
+	ram      []byte
+	unmapRAM func() error
+	ramBase  uint64 // where the board sees it
 
 	ctr counters
 
@@ -108,7 +106,7 @@ type VGPU struct {
 }
 
 // attach builds the vGPU for a guest in slot, with its RAM from ramFile.
-func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64) (v *VGPU, err error) {
+func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
 	feat, err := FeaturesFor(g.Mode)
 	if err != nil {
 		return nil, err
@@ -137,9 +135,11 @@ func (a *Aggregator) attach(slot Slot, g Guest, ramFile *os.File, ramSize uint64
 			err = errors.Join(err, v.release(true))
 		}
 	}()
-	if v.ram, err = unix.Mmap(int(ramFile.Fd()), 0, int(ramSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+	if v.ram, v.unmapRAM, err = mapRAM(); err != nil {
+		v.ram = nil
 		return v, fmt.Errorf("map guest RAM: %w", err)
 	}
+	ramSize := uint64(len(v.ram))
 	if v.ramBase, err = a.gpu.RegisterSystemMemory(v.ram); err != nil {
 		v.ramBase = 0
 		return v, fmt.Errorf("register guest RAM: %w", err)
@@ -342,7 +342,7 @@ func (v *VGPU) release(clean bool) error {
 		v.ramBase = 0
 	}
 	if v.ram != nil {
-		errs = append(errs, unix.Munmap(v.ram))
+		errs = append(errs, v.unmapRAM())
 		v.ram = nil
 	}
 	return errors.Join(errs...)

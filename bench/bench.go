@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
-	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
@@ -108,13 +108,13 @@ func shapeCounters(c map[string]uint64) map[string]any {
 // RunWorkload runs w once to warm up and then runs times on dev, and folds the
 // measured runs into a Result. counters, if not nil, is sampled around the
 // measured runs and reported per run.
-func RunWorkload(ctx context.Context, mode string, dev *nouveau.Device, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
+func RunWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
 	res := Result{Mode: mode, Workload: w.Name(), Runs: runs, Counters: map[string]any{}}
 	if progress == nil {
 		progress = func(string, string, int, int) {}
 	}
 	progress(mode, w.Name(), 0, runs)
-	if _, err := w.Run(dev); err != nil {
+	if _, err := w.Run(drv); err != nil {
 		res.Error = fmt.Sprintf("warm-up: %v", err)
 		return res
 	}
@@ -129,7 +129,7 @@ func RunWorkload(ctx context.Context, mode string, dev *nouveau.Device, w worklo
 			return res
 		}
 		progress(mode, w.Name(), i, runs)
-		ph, err := w.Run(dev)
+		ph, err := w.Run(drv)
 		if err != nil {
 			res.Error = fmt.Sprintf("run %d: %v", i, err)
 			if errors.Is(err, workloads.ErrVerify) {

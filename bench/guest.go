@@ -8,6 +8,7 @@ import (
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/ipc"
@@ -45,7 +46,7 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		if err != nil {
 			return rep, err
 		}
-		res := RunWorkload(ctx, cfg.Mode, drv, w, runs, counters, progress)
+		res := RunWorkload(ctx, cfg.Mode, gdev.Nouveau(drv), w, runs, counters, progress)
 		if res.Error != "" && dev.Err() != nil {
 			res.Error += fmt.Sprintf(" (device: %v)", dev.Err())
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
@@ -24,7 +25,7 @@ func TestNativeAllWorkloadsVerify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := RunWorkload(context.Background(), "native", n.Device, w, 2, n.Counters, nil)
+		res := RunWorkload(context.Background(), "native", gdev.Nouveau(n.Device), w, 2, n.Counters, nil)
 		if !res.Verified || res.Error != "" {
 			t.Fatalf("%s: verified=%v error=%s", name, res.Verified, res.Error)
 		}

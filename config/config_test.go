@@ -470,7 +470,7 @@ vram = 0
 channels = 0
 `,
 			want: []string{
-				`t.toml:4:8: vm[0].mode: unknown mode "fv-fast"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall`,
+				`t.toml:4:8: vm[0].mode: unknown mode "fv-fast"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling`,
 				`t.toml:6:1: vm[1]: needs a name or a domid to match a VM`,
 				`t.toml:10:8: vm[2].name: duplicate name "a" (also in vm[0] at line 2)`,
 				`t.toml:11:9: vm[2].domid: duplicate domid 1 (also in vm[0] at line 3)`,
@@ -534,7 +534,7 @@ func TestValidateWithoutFile(t *testing.T) {
 	want := []string{
 		"partition.vram_per_vm: max_vms (8) × vram_per_vm (512MiB) + reserved (3GiB) = 7GiB exceeds the board's vram (6GiB)",
 		`scheduler.policy: unknown policy "nope" (want one of fifo, credit, band, wfq, timeslice, dfq, strict)`,
-		`vm[1].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall`,
+		`vm[1].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling`,
 		"vm[2]: needs a name or a domid to match a VM",
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -669,7 +669,7 @@ func TestNames(t *testing.T) {
 			t.Errorf("policy %q not valid", p)
 		}
 	}
-	if len(ModeNames()) != 7 || len(PolicyNames()) != 7 || Mode("fv").Valid() || Policy("").Valid() {
+	if len(ModeNames()) != 9 || len(PolicyNames()) != 7 || Mode("fv").Valid() || Policy("").Valid() {
 		t.Error("mode or policy list wrong")
 	}
 	// The returned slices are copies.
@@ -685,7 +685,7 @@ func TestCRLFAndBOM(t *testing.T) {
 	got := problems(t, err)
 	want := []string{
 		"w.toml:3:1: board.bogus: unknown key",
-		`w.toml:6:8: vm[0].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall`,
+		`w.toml:6:8: vm[0].mode: unknown mode "x"; this build serves fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling`,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -719,11 +719,10 @@ func TestSchedulerNEONParameters(t *testing.T) {
 // position and the modes this build serves, instead of passing the checks
 // and having every such VM refused when it connects.
 func TestModesTheBuildCannotServe(t *testing.T) {
-	served := "fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall"
+	served := "fv-naive, fv-bar-remap, fv-lazy, fv-optimized, fv-incremental, pv-naive, pv-multicall, pvdrm, pvdrm-pooling"
 	for mode, want := range map[string]string{
-		"pvdrm":         `m.toml:3:8: vm[0].mode: mode "pvdrm" (GPUvm's para-virtualization) is not built; this build serves ` + served,
-		"pvdrm-pooling": `m.toml:3:8: vm[0].mode: mode "pvdrm-pooling" (GPUvm's para-virtualization) is not built; this build serves ` + served,
-		"native":        `m.toml:3:8: vm[0].mode: mode "native" is the baseline without virtualization (gpuvm bench --mode native); the daemon serves VMs in ` + served,
+		"pvdrm-turbo": `m.toml:3:8: vm[0].mode: unknown mode "pvdrm-turbo"; this build serves ` + served,
+		"native":      `m.toml:3:8: vm[0].mode: mode "native" is the baseline without virtualization (gpuvm bench --mode native); the daemon serves VMs in ` + served,
 	} {
 		_, err := Parse([]byte("[[vm]]\nname = \"g\"\nmode = \""+mode+"\"\n"), "m.toml")
 		if got := problems(t, err); len(got) != 1 || got[0] != want {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -153,5 +154,113 @@ func (l *Local) Close() error {
 		}
 	}
 	l.ring, l.out, l.in = nil, nil, nil
+	return errors.Join(errs...)
+}
+
+// Shares maps the pages a GEM_MMAP shared into the front end.
+type Shares interface {
+	// Map maps pages pages of the share at offset (GEM_MMAP's results).
+	Map(share, pages uint32, offset uint64) ([]byte, error)
+	// Unmap ends a mapping Map returned.
+	Unmap(b []byte) error
+}
+
+// LocalShares maps shares of the local transport: ranges of the front
+// end's GART memfd, whose offset GEM_MMAP names. With keep set (the back
+// end pools buffers), an unmapped range stays mapped for reuse, up to a
+// bound, as a pooled buffer's pages stay shared.
+type LocalShares struct {
+	fd   int
+	size uint64
+	keep bool
+
+	mu     sync.Mutex
+	offset map[*byte]uint64 // live mappings: their offsets
+	cache  []cachedShare    // kept mappings, most recently unmapped last
+	bytes  uint64
+	maps   uint64
+}
+
+type cachedShare struct {
+	off uint64
+	b   []byte
+}
+
+// Bounds of the mappings LocalShares keeps.
+const (
+	keptShareBytes = 256 << 20
+	keptShares     = 64
+)
+
+// NewLocalShares maps shares of gart (size bytes); keep says whether to keep
+// unmapped ranges mapped for reuse.
+func NewLocalShares(gart *os.File, size uint64, keep bool) *LocalShares {
+	return &LocalShares{fd: int(gart.Fd()), size: size, keep: keep, offset: map[*byte]uint64{}}
+}
+
+// Mappings returns how many ranges were mapped (shares the front end took).
+func (s *LocalShares) Mappings() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maps
+}
+
+// Map maps the range (a kept mapping of the same range is reused).
+func (s *LocalShares) Map(_ uint32, pages uint32, offset uint64) ([]byte, error) {
+	n := uint64(pages) * pageSize
+	if pages == 0 || offset%pageSize != 0 || offset > s.size || n > s.size-offset {
+		return nil, fmt.Errorf("pvdrm local: share of %d pages at %#x outside the %d-byte GART heap", pages, offset, s.size)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range s.cache {
+		if c.off == offset && uint64(len(c.b)) == n {
+			s.cache = append(s.cache[:i], s.cache[i+1:]...)
+			s.bytes -= n
+			s.offset[&c.b[0]] = offset
+			return c.b, nil
+		}
+	}
+	b, err := unix.Mmap(s.fd, int64(offset), int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("pvdrm local: map share: %w", err)
+	}
+	s.maps++
+	s.offset[&b[0]] = offset
+	return b, nil
+}
+
+// Unmap unmaps b, or keeps it for reuse.
+func (s *LocalShares) Unmap(b []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	off, ok := s.offset[&b[0]]
+	if !ok {
+		return errors.New("pvdrm local: unmap of a range not mapped")
+	}
+	delete(s.offset, &b[0])
+	if !s.keep {
+		return unix.Munmap(b)
+	}
+	s.cache = append(s.cache, cachedShare{off: off, b: b})
+	s.bytes += uint64(len(b))
+	var errs []error
+	for len(s.cache) > keptShares || s.bytes > keptShareBytes {
+		errs = append(errs, unix.Munmap(s.cache[0].b))
+		s.bytes -= uint64(len(s.cache[0].b))
+		s.cache = s.cache[1:]
+	}
+	return errors.Join(errs...)
+}
+
+// Close unmaps every kept mapping.
+func (s *LocalShares) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, c := range s.cache {
+		errs = append(errs, unix.Munmap(c.b))
+	}
+	s.cache, s.bytes = nil, 0
 	return errors.Join(errs...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gpuvm/gpuvm/bench"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
@@ -71,7 +72,7 @@ func runNative(ctx context.Context, cfg sim.Config, wls []workloads.Workload, ru
 	defer native.Close()
 	var out []bench.Result
 	for _, w := range wls {
-		out = append(out, bench.RunWorkload(ctx, "native", native.Device, w, runs, native.Counters, progress))
+		out = append(out, bench.RunWorkload(ctx, "native", gdev.Nouveau(native.Device), w, runs, native.Counters, progress))
 		if ctx.Err() != nil {
 			break
 		}

@@ -2,8 +2,9 @@
 // GPUvm evaluation used): contexts, device memory, host↔device copies through
 // a pinned staging buffer or directly from pinned host memory, small copies
 // through the BAR1 aperture, modules of built-in kernels, launches and
-// synchronisation. It runs on top of guest-driver/nouveau and so on anything
-// that offers 32-bit BAR access and DMA memory.
+// synchronisation. It runs on top of guest-driver/nouveau (anything that
+// offers 32-bit BAR access and DMA memory) or of the pvdrm front end (whole
+// DRM operations sent to a back end in dom0, no registers).
 package gdev
 
 import (
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
@@ -39,20 +41,21 @@ type DevPtr struct {
 	vram   uint64
 	bar1   uint64 // BAR1 aperture offset when CPU-mapped (small buffers)
 	mapped bool
+	handle uint32 // the engine's name for it
+	host   []byte // pvdrm: kernel objects in host memory
 }
 
 // HostBuf is pinned host memory mapped into the context's address space.
 type HostBuf struct {
-	Bytes []byte
-	VA    uint64
-	buf   hostmem.Buffer
+	Bytes  []byte
+	VA     uint64
+	buf    hostmem.Buffer
+	handle uint32
 }
 
 // Context is a GPU context: an address space and a channel.
 type Context struct {
-	dev *nouveau.Device
-	vm  *nouveau.VM
-	ch  *nouveau.Channel
+	eng engine
 
 	staging    [2]HostBuf
 	stagingSeq [2]uint32
@@ -64,40 +67,53 @@ type Context struct {
 	hostAllocs map[uint64]HostBuf
 }
 
-// NewContext creates a context (address space + channel) on dev, with the
+// NewContext creates a context (address space + channel) on a nouveau
+// device: NewContextOn(Nouveau(dev)).
+func NewContext(dev *nouveau.Device) (*Context, error) { return NewContextOn(Nouveau(dev)) }
+
+// NewContextOn creates a context (address space + channel) on drv, with the
 // staging buffers, the code segment and the parameter ring it needs.
-func NewContext(dev *nouveau.Device) (ctx *Context, err error) {
-	c := &Context{dev: dev, allocs: map[uint64]DevPtr{}, hostAllocs: map[uint64]HostBuf{}}
+func NewContextOn(drv Driver) (ctx *Context, err error) {
+	c := &Context{allocs: map[uint64]DevPtr{}, hostAllocs: map[uint64]HostBuf{}}
+	if c.eng, err = drv.open(); err != nil {
+		return nil, fmt.Errorf("new context: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fmt.Errorf("new context: %w", err), c.Close())
 		}
 	}()
-	if c.vm, err = dev.NewVM(); err != nil {
-		return nil, err
-	}
-	if c.ch, err = dev.NewChannel(c.vm); err != nil {
-		return nil, err
-	}
 	for i := range c.staging {
 		if c.staging[i], err = c.MemAllocHost(StagingChunk); err != nil {
 			return nil, err
 		}
 	}
-	if c.code, err = c.memAlloc(nvc0.PageSize, true); err != nil {
+	if c.code, err = c.objAlloc(nvc0.PageSize); err != nil {
 		return nil, err
 	}
-	if c.params, err = c.memAlloc(paramSlot*paramSlots, true); err != nil {
+	if c.params, err = c.objAlloc(paramSlot * paramSlots); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// Device returns the device the context runs on.
-func (c *Context) Device() *nouveau.Device { return c.dev }
+// Channel returns the context's nouveau channel (nil on pvdrm, which has
+// no channel the guest drives).
+func (c *Context) Channel() *nouveau.Channel { return c.eng.channel() }
 
-// Channel returns the context's channel.
-func (c *Context) Channel() *nouveau.Channel { return c.ch }
+// objAlloc allocates a kernel object the CPU writes and the GPU reads:
+// CPU-mapped device memory where the engine has BAR1, else host memory
+// (GART) mapped into the address space.
+func (c *Context) objAlloc(size uint64) (DevPtr, error) {
+	if c.eng.cpuAccess() {
+		return c.memAlloc(size, true)
+	}
+	h, err := c.MemAllocHost(size)
+	if err != nil {
+		return DevPtr{}, err
+	}
+	return DevPtr{VA: h.VA, Size: size, handle: h.handle, host: h.Bytes}, nil
+}
 
 // MemAlloc allocates device memory and maps it into the context.
 func (c *Context) MemAlloc(size uint64) (DevPtr, error) {
@@ -109,36 +125,11 @@ func (c *Context) memAlloc(size uint64, cpuMapped bool) (p DevPtr, err error) {
 		return DevPtr{}, fmt.Errorf("mem alloc: zero size")
 	}
 	size = (size + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)
-	p.Size = size
-	if p.vram, err = c.dev.AllocVRAM(size, nvc0.PageSize); err != nil {
+	if p, err = c.eng.allocDevice(size, cpuMapped && c.eng.cpuAccess()); err != nil {
 		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
-	}
-	if p.VA, err = c.vm.AllocVA(size, nvc0.PageSize); err != nil {
-		c.dev.FreeVRAM(p.vram)
-		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
-	}
-	if err = c.vm.MapVRAM(p.VA, p.vram, size); err != nil {
-		c.vm.FreeVA(p.VA)
-		c.dev.FreeVRAM(p.vram)
-		return DevPtr{}, fmt.Errorf("mem alloc %d: %w", size, err)
-	}
-	if cpuMapped {
-		if p.bar1, err = c.dev.MapBAR1(p.vram, size); err != nil {
-			return DevPtr{}, errors.Join(fmt.Errorf("mem alloc %d: %w", size, err), c.unmapFree(p))
-		}
-		p.mapped = true
 	}
 	c.allocs[p.VA] = p
 	return p, nil
-}
-
-func (c *Context) unmapFree(p DevPtr) error {
-	var errs []error
-	if p.mapped {
-		errs = append(errs, c.dev.UnmapBAR1(p.bar1))
-	}
-	errs = append(errs, c.vm.Unmap(p.VA, p.Size), c.vm.FreeVA(p.VA), c.dev.FreeVRAM(p.vram))
-	return errors.Join(errs...)
 }
 
 // MemFree frees device memory from MemAlloc.
@@ -148,44 +139,36 @@ func (c *Context) MemFree(p DevPtr) error {
 		return fmt.Errorf("mem free %#x: not allocated", p.VA)
 	}
 	delete(c.allocs, p.VA)
-	return c.unmapFree(q)
+	return c.eng.freeDevice(q)
 }
 
 // MemAllocHost allocates pinned host memory mapped into the context.
 func (c *Context) MemAllocHost(size uint64) (HostBuf, error) {
-	b, err := c.dev.Host().Alloc(size)
+	if size == 0 {
+		return HostBuf{}, fmt.Errorf("host alloc: zero size")
+	}
+	h, err := c.eng.allocHost(size)
 	if err != nil {
 		return HostBuf{}, fmt.Errorf("host alloc %d: %w", size, err)
 	}
-	va, err := c.vm.AllocVA(uint64(len(b.Bytes)), nvc0.PageSize)
-	if err == nil {
-		err = c.vm.MapHost(va, b.Bus, uint64(len(b.Bytes)))
-		if err != nil {
-			c.vm.FreeVA(va)
-		}
-	}
-	if err != nil {
-		return HostBuf{}, errors.Join(fmt.Errorf("host alloc %d: %w", size, err), c.dev.Host().Free(b))
-	}
-	h := HostBuf{Bytes: b.Bytes[:size], VA: va, buf: b}
-	c.hostAllocs[va] = h
+	c.hostAllocs[h.VA] = h
 	return h, nil
 }
 
 // MemFreeHost frees pinned host memory from MemAllocHost.
 func (c *Context) MemFreeHost(h HostBuf) error {
-	if _, ok := c.hostAllocs[h.VA]; !ok {
+	q, ok := c.hostAllocs[h.VA]
+	if !ok {
 		return fmt.Errorf("host free %#x: not allocated", h.VA)
 	}
 	delete(c.hostAllocs, h.VA)
-	n := uint64(len(h.buf.Bytes))
-	return errors.Join(c.vm.Unmap(h.VA, n), c.vm.FreeVA(h.VA), c.dev.Host().Free(h.buf))
+	return c.eng.freeHost(q)
 }
 
 // copyEngine queues copy-engine transfers of n bytes from src to dst (GPU
 // virtual addresses) as page-pitched lines, as nouveau's nvc0 copy does, with
 // a fence in the same submission; it returns the fence.
-func (c *Context) copyEngine(dst, src, n uint64) (uint32, error) {
+func (c *Context) copyEngine(dst, src, n uint64, uses ...uint32) (uint32, error) {
 	var words []uint32
 	emit := func(dst, src, lineLen, lines uint64) {
 		words = append(words,
@@ -202,7 +185,7 @@ func (c *Context) copyEngine(dst, src, n uint64) (uint32, error) {
 	if n > 0 {
 		emit(dst, src, n, 1)
 	}
-	return c.ch.SubmitFenced(words)
+	return c.eng.submit(words, uses...)
 }
 
 func (c *Context) checkRange(p DevPtr, off, n uint64) error {
@@ -222,25 +205,25 @@ func (c *Context) MemcpyHtoD(dst DevPtr, src []byte) error {
 	if q := c.allocs[dst.VA]; q.mapped && n <= SmallCopyMax {
 		// Copies are ordered after earlier work on the context, as CUDA's
 		// are: a kernel still running may be reading the buffer.
-		if err := c.ch.Finish(); err != nil {
+		if err := c.eng.finish(); err != nil {
 			return fmt.Errorf("memcpy HtoD: %w", err)
 		}
-		c.writeBAR1(q, 0, src)
+		c.eng.cpuWrite(q, 0, src)
 		return nil
 	}
 	for off, i := uint64(0), 0; off < n; off, i = off+StagingChunk, i^1 {
 		chunk := min(StagingChunk, n-off)
-		if err := c.ch.WaitFence(c.stagingSeq[i]); err != nil {
+		if err := c.eng.wait(c.stagingSeq[i], c.staging[i].handle); err != nil {
 			return fmt.Errorf("memcpy HtoD: %w", err)
 		}
 		copy(c.staging[i].Bytes, src[off:off+chunk])
-		seq, err := c.copyEngine(dst.VA+off, c.staging[i].VA, chunk)
+		seq, err := c.copyEngine(dst.VA+off, c.staging[i].VA, chunk, dst.handle, c.staging[i].handle)
 		if err != nil {
 			return fmt.Errorf("memcpy HtoD: %w", err)
 		}
 		c.stagingSeq[i] = seq
 	}
-	if err := c.ch.Finish(); err != nil {
+	if err := c.eng.finish(); err != nil {
 		return fmt.Errorf("memcpy HtoD: %w", err)
 	}
 	return nil
@@ -253,10 +236,10 @@ func (c *Context) MemcpyDtoH(dst []byte, src DevPtr) error {
 		return fmt.Errorf("memcpy DtoH: %w", err)
 	}
 	if q := c.allocs[src.VA]; q.mapped && n <= SmallCopyMax {
-		if err := c.ch.Finish(); err != nil { // wait for the work that writes it
+		if err := c.eng.finish(); err != nil { // wait for the work that writes it
 			return fmt.Errorf("memcpy DtoH: %w", err)
 		}
-		c.readBAR1(q, 0, dst)
+		c.eng.cpuRead(q, 0, dst)
 		return nil
 	}
 	// Pipeline: DMA chunk k+1 while the CPU copies chunk k out.
@@ -265,14 +248,14 @@ func (c *Context) MemcpyDtoH(dst []byte, src DevPtr) error {
 	for off, i := uint64(0), 0; off < n || prev >= 0; off, i = off+StagingChunk, i^1 {
 		if off < n {
 			chunk := min(StagingChunk, n-off)
-			seq, err := c.copyEngine(c.staging[i].VA, src.VA+off, chunk)
+			seq, err := c.copyEngine(c.staging[i].VA, src.VA+off, chunk, src.handle, c.staging[i].handle)
 			if err != nil {
 				return fmt.Errorf("memcpy DtoH: %w", err)
 			}
 			c.stagingSeq[i] = seq
 		}
 		if prev >= 0 {
-			if err := c.ch.WaitFence(c.stagingSeq[prev]); err != nil {
+			if err := c.eng.wait(c.stagingSeq[prev], c.staging[prev].handle); err != nil {
 				return fmt.Errorf("memcpy DtoH: %w", err)
 			}
 			copy(dst[prevOff:prevOff+prevLen], c.staging[prev].Bytes)
@@ -290,10 +273,10 @@ func (c *Context) MemcpyHtoDPinned(dst DevPtr, src HostBuf, n uint64) error {
 	if err := c.checkRange(dst, 0, n); err != nil || n > uint64(len(src.Bytes)) {
 		return fmt.Errorf("memcpy HtoD pinned: %d bytes: %w", n, errors.Join(err, errors.New("bad range")))
 	}
-	if _, err := c.copyEngine(dst.VA, src.VA, n); err != nil {
+	if _, err := c.copyEngine(dst.VA, src.VA, n, dst.handle, src.handle); err != nil {
 		return fmt.Errorf("memcpy HtoD pinned: %w", err)
 	}
-	return c.ch.Finish()
+	return c.eng.finish()
 }
 
 // MemcpyDtoHPinned DMAs n bytes from the device to pinned host memory.
@@ -301,15 +284,24 @@ func (c *Context) MemcpyDtoHPinned(dst HostBuf, src DevPtr, n uint64) error {
 	if err := c.checkRange(src, 0, n); err != nil || n > uint64(len(dst.Bytes)) {
 		return fmt.Errorf("memcpy DtoH pinned: %d bytes: %w", n, errors.Join(err, errors.New("bad range")))
 	}
-	if _, err := c.copyEngine(dst.VA, src.VA, n); err != nil {
+	if _, err := c.copyEngine(dst.VA, src.VA, n, dst.handle, src.handle); err != nil {
 		return fmt.Errorf("memcpy DtoH pinned: %w", err)
 	}
-	return c.ch.Finish()
+	return c.eng.finish()
 }
 
-// writeBAR1 writes p through its BAR1 mapping with 32-bit CPU stores (memcpy_toio).
-func (c *Context) writeBAR1(p DevPtr, off uint64, src []byte) {
-	mmio := c.dev.MMIO()
+// writeObj writes a kernel object: through its BAR1 mapping, or into its
+// host memory.
+func (c *Context) writeObj(p DevPtr, off uint64, src []byte) {
+	if p.host != nil {
+		copy(p.host[off:], src)
+		return
+	}
+	c.eng.cpuWrite(p, off, src)
+}
+
+// writeAperture writes at off in BAR1 with 32-bit CPU stores (memcpy_toio).
+func writeAperture(mmio gpu.MMIO, off uint64, src []byte) {
 	var tail [4]byte
 	for i := uint64(0); i < uint64(len(src)); i += 4 {
 		w := src[i:]
@@ -317,16 +309,15 @@ func (c *Context) writeBAR1(p DevPtr, off uint64, src []byte) {
 			copy(tail[:], w)
 			w = tail[:]
 		}
-		mmio.Write32(nvc0.BAR1, p.bar1+off+i, binary.LittleEndian.Uint32(w))
+		mmio.Write32(nvc0.BAR1, off+i, binary.LittleEndian.Uint32(w))
 	}
 }
 
-// readBAR1 reads p through its BAR1 mapping with 32-bit CPU loads.
-func (c *Context) readBAR1(p DevPtr, off uint64, dst []byte) {
-	mmio := c.dev.MMIO()
+// readAperture reads at off in BAR1 with 32-bit CPU loads.
+func readAperture(mmio gpu.MMIO, off uint64, dst []byte) {
 	var w [4]byte
 	for i := uint64(0); i < uint64(len(dst)); i += 4 {
-		binary.LittleEndian.PutUint32(w[:], mmio.Read32(nvc0.BAR1, p.bar1+off+i))
+		binary.LittleEndian.PutUint32(w[:], mmio.Read32(nvc0.BAR1, off+i))
 		copy(dst[i:], w[:])
 	}
 }
@@ -348,7 +339,7 @@ func (c *Context) LoadFunction(id nvc0.KernelID) (Function, error) {
 	binary.LittleEndian.PutUint32(obj[0:], nvc0.KernelMagic)
 	binary.LittleEndian.PutUint32(obj[4:], uint32(id))
 	binary.LittleEndian.PutUint32(obj[8:], nvc0.KernelVersion)
-	c.writeBAR1(c.code, uint64(start), obj)
+	c.writeObj(c.code, uint64(start), obj)
 	return Function{ID: id, startID: start}, nil
 }
 
@@ -368,7 +359,7 @@ func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 	}
 	slot := c.paramNext
 	c.paramNext = (c.paramNext + 1) % paramSlots
-	if err := c.ch.WaitFence(c.paramSeq[slot]); err != nil {
+	if err := c.eng.wait(c.paramSeq[slot], c.params.handle); err != nil {
 		return fmt.Errorf("launch %v: %w", f.ID, err)
 	}
 	buf := make([]byte, len(params)*8)
@@ -376,13 +367,13 @@ func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 		binary.LittleEndian.PutUint64(buf[8*i:], p)
 	}
 	off := uint64(slot * paramSlot)
-	c.writeBAR1(c.params, off, buf)
+	c.writeObj(c.params, off, buf)
 	cb := c.params.VA + off
-	seq, err := c.ch.SubmitFenced(append([]uint32{
+	seq, err := c.eng.submit(append([]uint32{
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCodeAddrHi, 2), uint32(c.code.VA >> 32), uint32(c.code.VA),
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCBSize, 3), uint32(len(buf)), uint32(cb >> 32), uint32(cb),
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdStartID, 1), f.startID,
-	}, launches(times)...))
+	}, launches(times)...), c.code.handle, c.params.handle)
 	if err != nil {
 		return fmt.Errorf("launch %v: %w", f.ID, err)
 	}
@@ -404,7 +395,7 @@ func launches(times int) []uint32 {
 
 // Synchronize waits for everything queued on the context.
 func (c *Context) Synchronize() error {
-	if err := c.ch.Finish(); err != nil {
+	if err := c.eng.finish(); err != nil {
 		return fmt.Errorf("synchronize: %w", err)
 	}
 	return nil
@@ -412,22 +403,21 @@ func (c *Context) Synchronize() error {
 
 // Close frees every allocation, the channel and the address space.
 func (c *Context) Close() error {
-	var errs []error
-	if c.ch != nil {
-		errs = append(errs, c.ch.Close())
-		c.ch = nil
+	if c.eng == nil {
+		return nil
 	}
+	errs := []error{c.eng.stop()}
 	for _, p := range c.allocs {
-		errs = append(errs, c.unmapFree(p))
+		if p.host == nil {
+			errs = append(errs, c.eng.freeDevice(p))
+		}
 	}
 	c.allocs = map[uint64]DevPtr{}
 	for _, h := range c.hostAllocs {
 		errs = append(errs, c.MemFreeHost(h))
 	}
-	if c.vm != nil {
-		errs = append(errs, c.vm.Close())
-		c.vm = nil
-	}
+	errs = append(errs, c.eng.close())
+	c.eng = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close context: %w", err)
 	}

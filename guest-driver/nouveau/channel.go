@@ -243,6 +243,16 @@ func (c *Channel) SubmitFenced(words []uint32) (uint32, error) {
 }
 
 func (c *Channel) submitLocked(words []uint32) error {
+	if err := c.queueWordsLocked(words); err != nil {
+		return err
+	}
+	c.ringLocked()
+	return nil
+}
+
+// queueWordsLocked copies words into the push space and appends a GPFIFO
+// entry for them, without ringing the doorbell.
+func (c *Channel) queueWordsLocked(words []uint32) error {
 	n := uint64(len(words)) * 4
 	if n == 0 || n > pushBytes/2 {
 		return fmt.Errorf("submit of %d words: bad length", len(words))
@@ -258,17 +268,80 @@ func (c *Channel) submitLocked(words []uint32) error {
 	for i, w := range words {
 		binary.LittleEndian.PutUint32(push[4*i:], w)
 	}
-	w0, w1 := nvc0.GPFIFOEncode(c.ringVA+gpfifoBytes+start, uint32(len(words)))
+	c.entryLocked(c.ringVA+gpfifoBytes+start, uint32(len(words)), start, start+n)
+	c.head = start + n
+	return nil
+}
+
+// entryLocked appends a GPFIFO entry for words at va; [start, end) is the
+// push space it holds until the GPU is past it.
+func (c *Channel) entryLocked(va uint64, words uint32, start, end uint64) {
+	w0, w1 := nvc0.GPFIFOEncode(va, words)
 	e := c.ring.Bytes[uint64(c.put)*nvc0.GPFIFOEntrySize:]
 	binary.LittleEndian.PutUint32(e, w0)
 	binary.LittleEndian.PutUint32(e[4:], w1)
 	c.submitted++
-	c.queue = append(c.queue, pending{serial: c.submitted, start: start, end: start + n})
-	c.head = start + n
+	c.queue = append(c.queue, pending{serial: c.submitted, start: start, end: end})
 	c.put = (c.put + 1) % gpfifoEntries
-	c.d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), c.put)
-	return nil
 }
+
+// ringLocked writes GP_PUT: the doorbell.
+func (c *Channel) ringLocked() {
+	c.d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), c.put)
+}
+
+// Segment is a push buffer the caller placed in memory its channel's
+// address space maps: Words 32-bit words at VA.
+type Segment struct {
+	VA    uint64
+	Words uint32
+}
+
+// MaxSegments bounds one SubmitSegments call.
+const MaxSegments = 64
+
+// SubmitSegments submits push buffers that live outside the channel's own
+// push space — in buffers of the channel's address space, as DRM's pushbuf
+// ioctl submits a client's buffers — one GPFIFO entry each, followed by a
+// semaphore release of the next fence sequence number, which it returns;
+// one doorbell for all of it.
+func (c *Channel) SubmitSegments(segs []Segment) (uint32, error) {
+	if len(segs) == 0 || len(segs) > MaxSegments {
+		return 0, fmt.Errorf("submit of %d segments: want 1..%d", len(segs), MaxSegments)
+	}
+	for _, s := range segs {
+		if s.Words == 0 || s.Words > nvc0.MaxPushBufferWords || s.VA%4 != 0 {
+			return 0, fmt.Errorf("submit of %d words at %#x: bad segment", s.Words, s.VA)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+	for _, s := range segs {
+		// A GPFIFO slot (and no push space) per segment.
+		if _, err := c.reserve(0); err != nil {
+			return 0, err
+		}
+		c.entryLocked(s.VA, s.Words, c.head, c.head)
+	}
+	c.seq++
+	seq := c.seq
+	if err := c.queueWordsLocked([]uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(c.fenceVA >> 32), uint32(c.fenceVA), seq, nvc0.SemaphoreRelease}); err != nil {
+		c.ringLocked() // the segments are queued: let them run
+		return 0, err
+	}
+	c.unfenced = false
+	c.ringLocked()
+	return seq, nil
+}
+
+// Done reports, without waiting, whether the GPU has passed fence seq.
+func (c *Channel) Done(seq uint32) bool { return int32(c.fenceValue()-seq) >= 0 }
+
+// Fault returns the channel's fault, if the GPU reported one.
+func (c *Channel) Fault() error { return c.checkFault() }
 
 // reserve finds n contiguous bytes of push space and a free GPFIFO slot,
 // reclaiming completed entries (by reading GP_GET) and waiting if needed.

@@ -10,7 +10,6 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
-	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 )
 
 // ErrVerify reports a result that differs from the host reference.
@@ -18,9 +17,9 @@ var ErrVerify = errors.New("result differs from the host reference")
 
 // runCtx wraps one run: it creates the context (the init phase starts here)
 // and always closes it, folding a close error into the run's error.
-func runCtx(dev *nouveau.Device, body func(ctx *gdev.Context, t *timer, ph *Phases) error) (ph Phases, err error) {
+func runCtx(drv gdev.Driver, body func(ctx *gdev.Context, t *timer, ph *Phases) error) (ph Phases, err error) {
 	t := newTimer()
-	ctx, err := gdev.NewContext(dev)
+	ctx, err := gdev.NewContextOn(drv)
 	if err != nil {
 		return ph, err
 	}
@@ -37,8 +36,8 @@ type nopWorkload struct{}
 
 func (*nopWorkload) Name() string        { return "nop" }
 func (*nopWorkload) Description() string { return Describe("nop") }
-func (*nopWorkload) Run(dev *nouveau.Device) (Phases, error) {
-	return runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
+func (*nopWorkload) Run(drv gdev.Driver) (Phases, error) {
+	return runCtx(drv, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		fn, err := ctx.LoadFunction(nvc0.KernelNop)
 		if err != nil {
 			return err
@@ -61,9 +60,9 @@ type loopWorkload struct{ iters uint64 }
 
 func (*loopWorkload) Name() string        { return "loop" }
 func (*loopWorkload) Description() string { return Describe("loop") }
-func (w *loopWorkload) Run(dev *nouveau.Device) (Phases, error) {
+func (w *loopWorkload) Run(drv gdev.Driver) (Phases, error) {
 	var got [8]byte
-	ph, err := runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
+	ph, err := runCtx(drv, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		fn, err := ctx.LoadFunction(nvc0.KernelLoop)
 		if err != nil {
 			return err
@@ -140,7 +139,7 @@ func newMatrix(name string, n int, mul, float bool) *matrixWorkload {
 func (w *matrixWorkload) Name() string        { return w.name }
 func (w *matrixWorkload) Description() string { return Describe(w.name) }
 
-func (w *matrixWorkload) Run(dev *nouveau.Device) (Phases, error) {
+func (w *matrixWorkload) Run(drv gdev.Driver) (Phases, error) {
 	size := uint64(len(w.a))
 	w.once.Do(func() {
 		w.expect = w.ref() // the reference is computed once, outside the timed phases
@@ -148,7 +147,7 @@ func (w *matrixWorkload) Run(dev *nouveau.Device) (Phases, error) {
 	})
 	out := w.out
 	clear(out) // resident and holding nothing of the last run's result, before the timed phases
-	ph, err := runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
+	ph, err := runCtx(drv, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		fn, err := ctx.LoadFunction(w.id)
 		if err != nil {
 			return err
@@ -208,7 +207,7 @@ func (w *copyWorkload) Name() string {
 }
 func (w *copyWorkload) Description() string { return Describe(w.Name()) }
 
-func (w *copyWorkload) Run(dev *nouveau.Device) (Phases, error) {
+func (w *copyWorkload) Run(drv gdev.Driver) (Phases, error) {
 	w.once.Do(func() {
 		w.out = make([]byte, w.size)
 		w.data = make([]byte, w.size)
@@ -222,7 +221,7 @@ func (w *copyWorkload) Run(dev *nouveau.Device) (Phases, error) {
 	})
 	out := w.out
 	clear(out) // resident, and holding nothing of the last run, before the timed phases
-	ph, err := runCtx(dev, func(ctx *gdev.Context, t *timer, ph *Phases) error {
+	ph, err := runCtx(drv, func(ctx *gdev.Context, t *timer, ph *Phases) error {
 		buf, err := ctx.MemAlloc(w.size)
 		if err != nil {
 			return err

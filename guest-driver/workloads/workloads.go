@@ -11,7 +11,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 )
 
 // Phase names, in order.
@@ -78,7 +78,7 @@ func (p Params) withDefaults() Params {
 type Workload interface {
 	Name() string
 	Description() string
-	Run(dev *nouveau.Device) (Phases, error)
+	Run(drv gdev.Driver) (Phases, error)
 }
 
 type factory struct {

@@ -1,0 +1,231 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/internal/rangealloc"
+	"github.com/gpuvm/gpuvm/pvdrm"
+)
+
+// The pvdrm back end (GPUvm thesis §4.1.4). A pvdrm guest has no GPU
+// registers: its front end sends whole DRM operations over a ring, and the
+// back end performs them with its own driver — nouveau, the host driver of
+// this code base — on the VM's vGPU. That vGPU is the VM's slot like any
+// other's: its channel and VRAM quota bound what the back end can create,
+// its doorbells go through the dispatcher and the scheduling policy, and
+// its teardown stops, frees and scrubs everything. The driver runs in the PV
+// mode, so its page tables are aggregator-owned and nothing is scanned, and
+// it reaches the vGPU by direct calls (no trap, no IPC).
+//
+// The vGPU's system memory is two memfds mapped back to back: a private
+// part (the driver's channel rings, fence pages and hypercall pages, which
+// the guest cannot reach) and the guest's GART heap (its RAM memfd from the
+// handshake), from which GART buffers are carved and shared with the guest
+// by GEM_MMAP.
+
+// Back-end bounds, per VM.
+const (
+	pvdrmMaxFiles   = 16
+	pvdrmMaxObjects = 4096      // GEM objects over all files
+	pvdrmPoolMax    = 256 << 20 // bytes of closed buffers kept (pooling)
+	pvdrmPoolCount  = 64        // buffers kept (pooling)
+	pvdrmMaxWait    = 10 * time.Second
+	pvdrmTimeout    = 3 * time.Second // the back-end driver's longest GPU wait
+	pvdrmPrivBase   = 4 << 20         // private memory beyond the channel rings
+	pvdrmPerChannel = 1<<20 + 3*nvc0.PageSize + 8<<10
+)
+
+// vgpuPort is the back-end driver's access to its vGPU: a direct call, the
+// path of a host driver (no trap). Accesses the vGPU forwards to the board
+// are charged by the board as any physical access is.
+type vgpuPort struct{ v *VGPU }
+
+func (p vgpuPort) Read32(bar int, off uint64) uint32 {
+	val, err := p.v.Read32(bar, off)
+	if err != nil {
+		return 0xFFFFFFFF
+	}
+	return val
+}
+
+func (p vgpuPort) Write32(bar int, off uint64, val uint32) { _ = p.v.Write32(bar, off, val) }
+
+// AttachPVDRM gives a pvdrm guest a vGPU: its RAM memfd (the GART heap of
+// gartSize bytes) is mapped after a private region the back end keeps, the
+// vGPU is built over both, and the back-end driver is opened on it. The
+// back end serves the ring of t once Serve runs.
+func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdrm.Transport) (*PVDRMBackend, error) {
+	feat, err := FeaturesFor(g.Mode)
+	if err != nil {
+		return nil, err
+	}
+	if !feat.PVDRM {
+		return nil, fmt.Errorf("attach %s: mode %q is not a pvdrm mode", g.Name, g.Mode)
+	}
+	chans := a.layout.Slots[0].Chans
+	privSize := uint64(pvdrmPrivBase + chans*pvdrmPerChannel)
+	privSize = (privSize + nvc0.LargePageSize - 1) &^ (nvc0.LargePageSize - 1)
+	priv, err := hostmem.New("gpuvm-pvdrm-private", privSize)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", g.Name, err)
+	}
+	v, err := a.attachWith(g, func() ([]byte, func() error, error) {
+		return mapBackToBack(priv.Fd(), privSize, int(gart.Fd()), gartSize)
+	})
+	if err != nil {
+		return nil, errors.Join(err, priv.Close())
+	}
+	// The driver names its memory as a guest does: by offset in the vGPU's
+	// RAM (guest-physical), which the vGPU validates and translates.
+	priv.SetBusBase(0)
+	b := &PVDRMBackend{v: v, t: t, codec: pvdrm.NewCodec(), priv: priv, pooling: feat.Pooling, ops: pvdrmOps(),
+		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{})}
+	fail := func(err error) (*PVDRMBackend, error) {
+		return nil, errors.Join(fmt.Errorf("attach %s: %w", g.Name, err), a.Detach(v), priv.Close())
+	}
+	if b.ring, err = pvdrm.NewBack(t.Ring()); err != nil {
+		return fail(err)
+	}
+	if b.dev, err = nouveau.Open(vgpuPort{v}, priv, nouveau.Options{
+		BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: nouveau.PVMulticall,
+		Timeout: pvdrmTimeout, Logger: v.log.With("part", "pvdrm back end"),
+	}); err != nil {
+		return fail(fmt.Errorf("back-end driver: %w", err))
+	}
+	return b, nil
+}
+
+// mapBackToBack maps two memfds as one contiguous region: first's size1
+// bytes, then second's size2 bytes.
+func mapBackToBack(first int, size1 uint64, second int, size2 uint64) ([]byte, func() error, error) {
+	total := uintptr(size1 + size2)
+	base, err := unix.MmapPtr(-1, 0, nil, total, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reserve %d bytes: %w", total, err)
+	}
+	unmap := func() error { return unix.MunmapPtr(base, total) }
+	if _, err := unix.MmapPtr(first, 0, base, uintptr(size1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("map private memory: %w", err), unmap())
+	}
+	if _, err := unix.MmapPtr(second, 0, unsafe.Add(base, size1), uintptr(size2), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("map GART heap: %w", err), unmap())
+	}
+	return unsafe.Slice((*byte)(base), total), unmap, nil
+}
+
+// PVDRMBackend is the dom0 side of one pvdrm VM: its ring, its back-end
+// driver on the VM's vGPU, and the files and buffers the guest made.
+type PVDRMBackend struct {
+	v       *VGPU
+	t       pvdrm.Transport
+	ring    *pvdrm.Back
+	codec   *pvdrm.Codec
+	dev     *nouveau.Device
+	priv    *hostmem.RAM
+	pooling bool
+
+	gart     *rangealloc.Allocator // offsets in the guest's GART heap
+	gartOff  uint64                // where the heap starts in the vGPU's RAM
+	gartSize uint64
+
+	ops map[pvdrm.Op]pvdrmOp
+
+	// Owned by the serving goroutine.
+	hello    bool
+	features uint64
+	files    map[uint32]*pvFile
+	nextFile uint32
+	objects  int
+	pool     []*gemObject
+	poolSize uint64
+
+	rmu     sync.Mutex // serialises responses (waiters answer too)
+	waiters sync.WaitGroup
+	stopped chan struct{}
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// VGPU returns the back end's vGPU.
+func (b *PVDRMBackend) VGPU() *VGPU { return b.v }
+
+// Serve reads and answers requests until ctx is done or the front end
+// breaks the protocol; then it stops the VM's work and returns. The caller
+// detaches the vGPU afterwards (Close).
+func (b *PVDRMBackend) Serve(ctx context.Context) error {
+	defer close(b.stopped)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer b.waiters.Wait()
+	var slot [pvdrm.SlotSize]byte
+	for {
+		ok, err := b.ring.Next(slot[:])
+		if err != nil {
+			b.v.gripeLog("pvdrm front end broke the ring protocol: disconnecting it", "err", err)
+			return fmt.Errorf("pvdrm: %w", err)
+		}
+		if ok {
+			b.v.ctr.pvdrmRequests.Add(1)
+			b.handle(ctx, slot[:])
+			continue
+		}
+		b.reapZombies()
+		if b.ring.FinalCheck() {
+			continue
+		}
+		if err := b.t.Wait(ctx, 50*time.Millisecond); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("pvdrm: %w", err)
+		}
+	}
+}
+
+// respond publishes a response and kicks the front end if it asked.
+func (b *PVDRMBackend) respond(rsp pvdrm.Response) {
+	if rsp.Status != 0 {
+		b.v.ctr.pvdrmRejected.Add(1)
+	}
+	var slot [pvdrm.SlotSize]byte
+	b.codec.EncodeResponse(slot[:], rsp)
+	b.rmu.Lock()
+	kick := b.ring.Respond(slot[:])
+	b.rmu.Unlock()
+	if kick {
+		b.v.ctr.pvdrmNotify.Add(1)
+		if err := b.t.Notify(); err != nil {
+			b.v.gripeLog("pvdrm notify", "err", err)
+		}
+	}
+}
+
+// Close ends the back end after Serve returned: the vGPU is detached —
+// every channel of its slot stopped, whatever the driver believed, its
+// VRAM scrubbed and its RAM unregistered — as an FV VM's is; the back-end
+// driver is dropped with it. Then the private memory and the transport go.
+func (b *PVDRMBackend) Close() error {
+	b.closeMu.Lock()
+	defer b.closeMu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.files, b.pool = nil, nil
+	err := errors.Join(b.v.agg.Detach(b.v), b.priv.Close(), b.t.Close())
+	if err != nil {
+		return fmt.Errorf("pvdrm back end of %s: %w", b.v.Guest.Name, err)
+	}
+	return nil
+}
