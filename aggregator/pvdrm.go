@@ -41,6 +41,9 @@ const (
 	pvdrmPoolMax    = 256 << 20 // bytes of closed buffers kept (pooling)
 	pvdrmPoolCount  = 64        // buffers kept (pooling)
 	pvdrmMaxWait    = 10 * time.Second
+	pvdrmFaultPoll  = time.Millisecond // how often a CPU_PREP wait checks for a channel fault
+	pvdrmMinNap     = 10 * time.Microsecond
+	pvdrmMaxNap     = 160 * time.Microsecond
 	pvdrmTimeout    = 3 * time.Second // the back-end driver's longest GPU wait
 	pvdrmPrivBase   = 4 << 20         // private memory beyond the channel rings
 	pvdrmPerChannel = 1<<20 + 3*nvc0.PageSize + 8<<10

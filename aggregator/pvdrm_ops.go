@@ -301,12 +301,18 @@ func (b *PVDRMBackend) cpuPrep(ctx context.Context, f *pvFile, r pvdrm.Request) 
 		b.waiters.Add(1)
 		go func() {
 			defer b.waiters.Done()
+			nextCheck, nap := time.Now(), pvdrmMinNap
 			for _, w := range ws {
 				for !w.c.done(w.seq) {
-					if w.c.ch.Fault() != nil {
-						rsp.Status = -pvdrm.EIO
-						b.respond(rsp)
-						return
+					// A fault ends the wait; the error registers are read
+					// once per faultPoll, as the driver's own waits do.
+					if now := time.Now(); now.After(nextCheck) {
+						if w.c.ch.Fault() != nil {
+							rsp.Status = -pvdrm.EIO
+							b.respond(rsp)
+							return
+						}
+						nextCheck = now.Add(pvdrmFaultPoll)
 					}
 					if ctx.Err() != nil {
 						return // the back end is stopping: no one to answer
@@ -316,7 +322,10 @@ func (b *PVDRMBackend) cpuPrep(ctx context.Context, f *pvFile, r pvdrm.Request) 
 						b.respond(rsp)
 						return
 					}
-					spin.Nap(20 * time.Microsecond)
+					// Back off: a long kernel is not polled 50 000 times a
+					// second from a core the board's engines need.
+					spin.Nap(nap)
+					nap = min(2*nap, pvdrmMaxNap)
 				}
 			}
 			b.respond(rsp)

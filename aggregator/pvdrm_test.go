@@ -84,7 +84,7 @@ func startPVDRM(t testing.TB, agg *Aggregator, name, mode string) *pvdrmGuest {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.c.Close() })
-	g.shares = pvdrm.NewLocalShares(gf, g.gart.Size(), g.c.Features&pvdrm.FeaturePooling != 0)
+	g.shares = pvdrm.NewLocalShares(g.gart.Fd(), g.gart.Size(), g.c.Features&pvdrm.FeaturePooling != 0)
 	t.Cleanup(func() { g.shares.Close() })
 	return g
 }

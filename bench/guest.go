@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
@@ -12,6 +13,7 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
 // RunGuest is the VM process of a virtualized benchmark: it connects a
@@ -21,6 +23,9 @@ import (
 // granted (VGPUBoardInfo), once connected.
 func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (rep Report, err error) {
 	rep.Warmup = 1
+	if config.Mode(cfg.Mode).IsPVDRM() {
+		return runPVDRMGuest(ctx, cfg, names, runs, params, progress)
+	}
 	dev, err := devmodel.Connect(ctx, cfg)
 	if err != nil {
 		return rep, err
@@ -77,4 +82,62 @@ func VGPUBoardInfo(w ipc.Welcome, mode string) BoardInfo {
 		timing = "not reported"
 	}
 	return BoardInfo{Name: "virtual GPU", Kind: "vgpu " + mode, VRAMBytes: w.VRAMSize, Channels: int(w.Channels), Timing: timing}
+}
+
+// roundTrips is how many ring and MMIO round trips a pvdrm VM times before
+// each workload.
+const roundTrips = 2000
+
+// runPVDRMGuest is RunGuest in a pvdrm mode: no device model, no registers;
+// the front end connects its ring and Gdev runs over it. Before each
+// workload it times the ring's request round trip and the shared-memory
+// MMIO round trip of the device-model connection, in the same process
+// (counters ring_round_trip_ns and mmio_round_trip_ns), and it reports
+// the front end's own counts (front_requests, front_notifications,
+// front_maps: shares it mapped).
+func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (rep Report, err error) {
+	rep.Warmup = 1
+	fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+	if err != nil {
+		return rep, err
+	}
+	defer func() { err = errors.Join(err, fe.Close()) }()
+	rep.Board = VGPUBoardInfo(fe.Welcome(), cfg.Mode)
+	drv := gdev.PVDRM(fe.Client, fe.Shares)
+	names2 := aggregator.CounterNames()
+	counters := func() map[string]uint64 {
+		c, err := fe.Counters(names2)
+		if err != nil {
+			return map[string]uint64{}
+		}
+		st := fe.Client.Stats()
+		c["front_requests"], c["front_notifications"], c["front_maps"] = st.Requests, st.Notifications, fe.Shares.Mappings()
+		return c
+	}
+	for _, name := range names {
+		w, err := workloads.New(name, params)
+		if err != nil {
+			return rep, err
+		}
+		ring, mmio, err := timeRoundTrips(ctx, fe)
+		if err != nil {
+			return rep, err
+		}
+		res := RunWorkload(ctx, cfg.Mode, drv, w, runs, counters, progress)
+		res.Counters["ring_round_trip_ns"], res.Counters["mmio_round_trip_ns"] = ring.Nanoseconds(), mmio.Nanoseconds()
+		rep.Results = append(rep.Results, res)
+	}
+	return rep, nil
+}
+
+// timeRoundTrips times the two round trips on a file of its own.
+func timeRoundTrips(ctx context.Context, fe *pvdrm.FrontEnd) (ring, mmio time.Duration, err error) {
+	rsp, err := fe.Client.Do(ctx, pvdrm.Request{Op: pvdrm.OpOpen})
+	if err != nil {
+		return 0, 0, err
+	}
+	file := uint32(rsp.Results["file"])
+	ring, mmio, err = fe.RoundTrips(ctx, file, roundTrips)
+	_, cerr := fe.Client.Do(ctx, pvdrm.Request{Op: pvdrm.OpClose, File: file})
+	return ring, mmio, errors.Join(err, cerr)
 }

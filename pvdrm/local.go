@@ -192,10 +192,10 @@ const (
 	keptShares     = 64
 )
 
-// NewLocalShares maps shares of gart (size bytes); keep says whether to keep
+// NewLocalShares maps shares of the GART memfd gartFd (size bytes; it must stay open); keep says whether to keep
 // unmapped ranges mapped for reuse.
-func NewLocalShares(gart *os.File, size uint64, keep bool) *LocalShares {
-	return &LocalShares{fd: int(gart.Fd()), size: size, keep: keep, offset: map[*byte]uint64{}}
+func NewLocalShares(gartFd int, size uint64, keep bool) *LocalShares {
+	return &LocalShares{fd: gartFd, size: size, keep: keep, offset: map[*byte]uint64{}}
 }
 
 // Mappings returns how many ranges were mapped (shares the front end took).
@@ -221,7 +221,8 @@ func (s *LocalShares) Map(_ uint32, pages uint32, offset uint64) ([]byte, error)
 			return c.b, nil
 		}
 	}
-	b, err := unix.Mmap(s.fd, int64(offset), int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	// MAP_POPULATE maps every page at once, as a grant mapping does.
+	b, err := unix.Mmap(s.fd, int64(offset), int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("pvdrm local: map share: %w", err)
 	}

@@ -34,7 +34,13 @@ func (e *xenbusEnd) WaitPeerClosing(ctx context.Context) (XenbusState, error) {
 // Closed announces that this end released everything it shared (state
 // Closed). A directory the toolstack already removed is not an error.
 func (e *xenbusEnd) Closed(ctx context.Context) error {
-	if err := switchState(ctx, e.xs, e.own, XenbusStateClosed, nil); err != nil && !isNotExist(err) {
+	return e.announce(ctx, XenbusStateClosed)
+}
+
+// announce switches this end to s; a removed directory is not an error
+// (there is no one left to tell).
+func (e *xenbusEnd) announce(ctx context.Context, s XenbusState) error {
+	if err := switchState(ctx, e.xs, e.own, s, nil); err != nil && !isNotExist(err) {
 		return err
 	}
 	return nil
@@ -162,10 +168,7 @@ func (f *XenbusFront) WaitConnected(ctx context.Context) error {
 // then revokes its grants and unbinds its port whatever this returns, and
 // calls Closed.
 func (f *XenbusFront) Closing(ctx context.Context) error {
-	if err := switchState(ctx, f.xs, f.own, XenbusStateClosing, nil); err != nil {
-		if isNotExist(err) {
-			return nil
-		}
+	if err := f.announce(ctx, XenbusStateClosing); err != nil {
 		return err
 	}
 	_, err := waitState(ctx, f.xs, f.peer, func(s XenbusState) (bool, error) {
@@ -263,8 +266,5 @@ func (b *XenbusBack) Connect(ctx context.Context) error {
 // port first (the front end takes Closing to mean it may revoke its
 // grants), then calls Closing and Closed.
 func (b *XenbusBack) Closing(ctx context.Context) error {
-	if err := switchState(ctx, b.xs, b.own, XenbusStateClosing, nil); err != nil && !isNotExist(err) {
-		return err
-	}
-	return nil
+	return b.announce(ctx, XenbusStateClosing)
 }

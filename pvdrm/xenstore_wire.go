@@ -27,7 +27,12 @@ const (
 	// XenstoreRelPathMax bounds a relative path.
 	XenstoreRelPathMax = 2048
 
+	// struct xsd_sockmsg: the header, its fields at these offsets.
 	xsHeaderSize = 16
+	xsOffType    = 0
+	xsOffReqID   = 4
+	xsOffTxID    = 8
+	xsOffLen     = 12
 )
 
 // xsType is a message type, enum xsd_sockmsg_type.
@@ -96,10 +101,10 @@ func (m xsMsg) marshal() ([]byte, error) {
 		return nil, fmt.Errorf("xenstore %v: payload of %d bytes exceeds %d", m.Type, len(m.Payload), XenstorePayloadMax)
 	}
 	b := make([]byte, xsHeaderSize+len(m.Payload))
-	binary.LittleEndian.PutUint32(b[0:], uint32(m.Type))
-	binary.LittleEndian.PutUint32(b[4:], m.ReqID)
-	binary.LittleEndian.PutUint32(b[8:], m.TxID)
-	binary.LittleEndian.PutUint32(b[12:], uint32(len(m.Payload)))
+	binary.LittleEndian.PutUint32(b[xsOffType:], uint32(m.Type))
+	binary.LittleEndian.PutUint32(b[xsOffReqID:], m.ReqID)
+	binary.LittleEndian.PutUint32(b[xsOffTxID:], m.TxID)
+	binary.LittleEndian.PutUint32(b[xsOffLen:], uint32(len(m.Payload)))
 	copy(b[xsHeaderSize:], m.Payload)
 	return b, nil
 }
@@ -117,11 +122,11 @@ func readXsMsg(r io.Reader) (xsMsg, error) {
 		return xsMsg{}, fmt.Errorf("xenstore: read header: %w", err)
 	}
 	m := xsMsg{
-		Type:  xsType(binary.LittleEndian.Uint32(hdr[0:])),
-		ReqID: binary.LittleEndian.Uint32(hdr[4:]),
-		TxID:  binary.LittleEndian.Uint32(hdr[8:]),
+		Type:  xsType(binary.LittleEndian.Uint32(hdr[xsOffType:])),
+		ReqID: binary.LittleEndian.Uint32(hdr[xsOffReqID:]),
+		TxID:  binary.LittleEndian.Uint32(hdr[xsOffTxID:]),
 	}
-	n := binary.LittleEndian.Uint32(hdr[12:])
+	n := binary.LittleEndian.Uint32(hdr[xsOffLen:])
 	if n > XenstorePayloadMax {
 		return xsMsg{}, fmt.Errorf("%w: %v payload length %d exceeds %d", ErrXenstoreProtocol, m.Type, n, XenstorePayloadMax)
 	}

@@ -1,0 +1,148 @@
+package pvdrm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// FrontEnd is a pvdrm guest's connection to an aggregator on this machine
+// (the local transport): the device-model socket carries the handshake —
+// the guest's GART heap as its RAM, the ring memfd and eventfds as extra
+// files — and, afterwards, only generic calls (counters); the ring carries
+// the DRM operations.
+type FrontEnd struct {
+	// Client sends DRM operations.
+	Client *Client
+	// Shares maps the buffers GEM_MMAP shares.
+	Shares *LocalShares
+
+	ctl     *ipc.Client
+	welcome ipc.Welcome
+	gart    *hostmem.RAM
+}
+
+// DialConfig names the guest and sizes its GART heap.
+type DialConfig struct {
+	Socket   string
+	DomID    uint32
+	Name     string
+	Mode     string // pvdrm or pvdrm-pooling
+	GARTSize uint64 // the guest memory buffers shared with it come from
+	// RingPages is the ring's size in pages (default 1: 16 requests).
+	RingPages int
+	Logger    *slog.Logger
+}
+
+// DialLocal connects a front end to the aggregator listening on cfg.Socket
+// and says HELLO, asking for pooling in mode pvdrm-pooling.
+func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
+	fe = &FrontEnd{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, fe.Close())
+			fe = nil
+		}
+	}()
+	if fe.gart, err = hostmem.New(fmt.Sprintf("gpuvm-dom%d-gart", cfg.DomID), cfg.GARTSize); err != nil {
+		return fe, err
+	}
+	gartFile, err := fe.gart.File()
+	if err != nil {
+		return fe, err
+	}
+	defer gartFile.Close()
+	local, err := NewLocalFront(max(cfg.RingPages, MinRingPages))
+	if err != nil {
+		return fe, err
+	}
+	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: fe.gart.Size(), Transport: ipc.TransportShm}
+	var extra []*os.File
+	fe.ctl, fe.welcome, extra, err = ipc.Dial(ctx, cfg.Socket, hello, gartFile, local.Files(), &ipc.DialOptions{Logger: cfg.Logger})
+	for _, f := range extra {
+		f.Close()
+	}
+	if err != nil {
+		return fe, errors.Join(fmt.Errorf("pvdrm front end: %w", err), local.Close())
+	}
+	var features uint64
+	if cfg.Mode == "pvdrm-pooling" {
+		features = FeaturePooling
+	}
+	if fe.Client, err = Connect(ctx, local, features); err != nil {
+		return fe, err
+	}
+	fe.Shares = NewLocalShares(fe.gart.Fd(), fe.gart.Size(), fe.Client.Features&FeaturePooling != 0)
+	return fe, nil
+}
+
+// Welcome returns what the aggregator granted (vGPU id, VRAM quota,
+// channels, timing profile).
+func (fe *FrontEnd) Welcome() ipc.Welcome { return fe.welcome }
+
+// Counters reads the vGPU's counters by name (the device-model socket's
+// counters call).
+func (fe *FrontEnd) Counters(names []string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for g := 0; g*ipc.MaxCallResults < len(names); g++ {
+		r, err := fe.ctl.Call(ipc.OpCounters, uint64(g))
+		if err != nil {
+			return nil, fmt.Errorf("counters: %w", err)
+		}
+		if r.Status != 0 {
+			return nil, fmt.Errorf("counters group %d: status %d", g, r.Status)
+		}
+		for i, v := range r.Result {
+			if k := g*ipc.MaxCallResults + i; k < len(names) {
+				out[names[k]] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// RoundTrips measures, n times each, a request's round trip on the pvdrm
+// ring (GETPARAM on file, which must be open) and a call's round trip on
+// the device-model connection's shared-memory rings (the path every
+// trapped MMIO access of the other modes takes); it returns their means.
+func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, mmio time.Duration, err error) {
+	start := time.Now()
+	for range n {
+		if _, err := fe.Client.Do(ctx, Request{Op: OpGetParam, File: file, Args: map[string]uint64{"param": ParamChipset}}); err != nil {
+			return 0, 0, err
+		}
+	}
+	ring = time.Since(start) / time.Duration(n)
+	start = time.Now()
+	for range n {
+		if _, err := fe.ctl.Call(ipc.OpCounters, 1<<32); err != nil { // an unknown group: refused at once
+			return 0, 0, err
+		}
+	}
+	return ring, time.Since(start) / time.Duration(n), nil
+}
+
+// Close disconnects (the aggregator tears the vGPU down) and frees the
+// GART heap.
+func (fe *FrontEnd) Close() error {
+	var errs []error
+	if fe.Client != nil {
+		errs = append(errs, fe.Client.Close())
+	}
+	if fe.Shares != nil {
+		errs = append(errs, fe.Shares.Close())
+	}
+	if fe.ctl != nil {
+		errs = append(errs, fe.ctl.Close())
+	}
+	if fe.gart != nil {
+		errs = append(errs, fe.gart.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,341 @@
+//go:build linux && (amd64 || arm64)
+
+package pvdrm
+
+// This file is the xen transport: the ring in pages the front end (the
+// guest) grants to the back end (dom0), and one interdomain event channel
+// for notifications both ways, set up by the xenbus handshake.
+//
+// The last 64 bytes of the ring memory are never slots (the header and a
+// power-of-two count of slots leave them free for any page count; checked
+// at set-up). The transport keeps two liveness bytes there, which the
+// kernel clears when an end's process goes away without closing, and then
+// kicks the other end (gntalloc and gntdev unmap notifications):
+//
+//	ring[len-1]  1 while the front end holds its grant
+//	ring[len-2]  1 while the back end maps the ring
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Liveness bytes at the end of the ring memory (see above).
+const (
+	xenTail          = 64
+	xenFrontAliveOff = 1 // from the end
+	xenBackAliveOff  = 2
+	// defaultXenCloseTimeout bounds how long Close waits for the other end.
+	defaultXenCloseTimeout = 5 * time.Second
+)
+
+var (
+	_ Transport = (*XenFront)(nil)
+	_ Transport = (*XenBack)(nil)
+)
+
+// checkXenRingTail makes sure the ring never reaches the liveness bytes.
+func checkXenRingTail(mem []byte) error {
+	if used := HeaderSize + int(Slots(len(mem)))*SlotSize; used > len(mem)-xenTail {
+		return fmt.Errorf("pvdrm xen: a ring of %d bytes uses %d: no room for the liveness bytes", len(mem), used)
+	}
+	return nil
+}
+
+// peerAlive reads the liveness byte off bytes from the end of mem. The
+// four last bytes are read at once, atomically (the kernel clears a byte
+// of them in another domain).
+func peerAlive(mem []byte, off int) bool {
+	w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&mem[len(mem)-4])))
+	return byte(w>>(8*(4-off))) != 0 // little-endian: the last byte is the top one
+}
+
+// XenFrontConfig configures a front end.
+type XenFrontConfig struct {
+	// Xenstore is the connection to xenstore (required).
+	Xenstore *Xenstore
+	// Domid is this (the front end's) domain's id.
+	Domid uint16
+	// DevID is the device id: the toolstack created
+	// /local/domain/<Domid>/device/pvdrm/<DevID>.
+	DevID uint32
+	// Pages is the ring size: a power of two up to MaxRingPages, and up
+	// to what the back end accepts (0 means 1).
+	Pages int
+	// DevDir is where the Xen devices are ("" is XenDevDir).
+	DevDir string
+	// CloseTimeout bounds how long Close waits for the back end to let go
+	// of the ring (0 means 5 s).
+	CloseTimeout time.Duration
+}
+
+// XenFront is the front end (guest) of the xen transport. Notify and Wait
+// may be called concurrently with each other, not with Close.
+type XenFront struct {
+	link         *XenbusFront
+	gnt          *Gntalloc
+	ring         *GrantedPages
+	ev           *evtchn
+	closeTimeout time.Duration
+}
+
+// NewXenFront opens the Xen devices, runs the front end's handshake, and
+// returns once the back end is Connected: it grants the ring pages to the
+// back end's domain, allocates an event channel port for it, publishes
+// both, and arms the unmap notification that tells the back end if this
+// process goes away. Without /dev/xen it fails at once, wrapping ErrNoXen.
+func NewXenFront(ctx context.Context, cfg XenFrontConfig) (*XenFront, error) {
+	if cfg.Xenstore == nil {
+		return nil, errors.New("pvdrm xen front: no xenstore connection")
+	}
+	if cfg.Pages == 0 {
+		cfg.Pages = 1
+	}
+	if _, err := ringPageOrder(cfg.Pages); err != nil || cfg.Pages > MaxRingPages {
+		return nil, fmt.Errorf("pvdrm xen front: %d ring pages: want a power of two up to %d", cfg.Pages, MaxRingPages)
+	}
+	x := &XenFront{closeTimeout: cmp.Or(cfg.CloseTimeout, defaultXenCloseTimeout)}
+	var err error
+	if x.gnt, err = OpenGntalloc(cfg.DevDir); err != nil {
+		return nil, err
+	}
+	if x.ev, err = openEvtchn(cfg.DevDir); err != nil {
+		return nil, errors.Join(err, x.release())
+	}
+	if err = x.connect(ctx, cfg); err != nil {
+		err = fmt.Errorf("pvdrm xen front %d/%d: %w", cfg.Domid, cfg.DevID, err)
+		return nil, errors.Join(err, x.Close())
+	}
+	return x, nil
+}
+
+func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
+	var err error
+	if x.link, err = StartXenbusFront(ctx, cfg.Xenstore, cfg.Domid, cfg.DevID); err != nil {
+		return err
+	}
+	if cfg.Pages > x.link.MaxRingPages() {
+		return fmt.Errorf("%d ring pages: the back end accepts at most %d", cfg.Pages, x.link.MaxRingPages())
+	}
+	back := x.link.Device().BackDomid
+	if x.ring, err = x.gnt.Share(back, cfg.Pages, true); err != nil {
+		return err
+	}
+	mem := x.ring.Mem()
+	if err := checkXenRingTail(mem); err != nil {
+		return err
+	}
+	if err := x.ev.bindUnbound(back); err != nil {
+		return err
+	}
+	mem[len(mem)-xenFrontAliveOff] = 1
+	if err := x.ring.setUnmapNotify(len(mem)-xenFrontAliveOff, unmapNotifyClearByte|unmapNotifySendEvent, x.ev.port); err != nil {
+		return err
+	}
+	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.port); err != nil {
+		return err
+	}
+	return x.link.WaitConnected(ctx)
+}
+
+// Ring returns the shared ring memory.
+func (x *XenFront) Ring() []byte {
+	if x.ring == nil {
+		return nil
+	}
+	return x.ring.Mem()
+}
+
+// Notify kicks the back end.
+func (x *XenFront) Notify() error { return x.ev.notify() }
+
+// Wait blocks until the back end kicked, ctx is done (its error), or max
+// passes (nil).
+func (x *XenFront) Wait(ctx context.Context, max time.Duration) error { return x.ev.wait(ctx, max) }
+
+// PeerGone reports whether the back end's mapping of the ring went away
+// (its process exited or closed the transport).
+func (x *XenFront) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.Mem(), xenBackAliveOff) }
+
+// Xenbus returns the front end's handshake, for its state and the back
+// end's.
+func (x *XenFront) Xenbus() *XenbusFront { return x.link }
+
+// Close switches to Closing, waits (CloseTimeout at most) for the back end
+// to stop using the ring unless it is gone already, revokes the grants,
+// unbinds the port, and switches to Closed. It also undoes a failed
+// NewXenFront.
+func (x *XenFront) Close() error {
+	var errs []error
+	if x.link != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), x.closeTimeout)
+		defer cancel()
+		if x.ring != nil && !x.PeerGone() {
+			if err := x.link.Closing(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("pvdrm xen front: the back end did not let go of the ring: %w", err))
+			}
+		} else {
+			errs = append(errs, x.link.announce(ctx, XenbusStateClosing))
+		}
+	}
+	errs = append(errs, x.release())
+	if x.link != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), xenbusCleanupTimeout)
+		defer cancel()
+		errs = append(errs, x.link.Closed(ctx))
+		x.link = nil
+	}
+	return errors.Join(errs...)
+}
+
+// release revokes the grants, unbinds the port and closes the devices.
+func (x *XenFront) release() error {
+	var errs []error
+	if x.ring != nil {
+		errs = append(errs, x.ring.Close())
+		x.ring = nil
+	}
+	if x.ev != nil {
+		errs = append(errs, x.ev.close())
+		x.ev = nil
+	}
+	if x.gnt != nil {
+		errs = append(errs, x.gnt.Close())
+		x.gnt = nil
+	}
+	return errors.Join(errs...)
+}
+
+// XenBackConfig configures a back end.
+type XenBackConfig struct {
+	// Xenstore is the connection to xenstore (required).
+	Xenstore *Xenstore
+	// Device names the device; BackDomid is this domain's id.
+	Device XenDevice
+	// DevDir is where the Xen devices are ("" is XenDevDir).
+	DevDir string
+}
+
+// XenBack is the back end (dom0) of the xen transport. Notify and Wait
+// may be called concurrently with each other, not with Close.
+type XenBack struct {
+	link    *XenbusBack
+	gnt     *Gntdev
+	ring    *GrantMapping
+	ev      *evtchn
+	version uint32
+}
+
+// NewXenBack opens the Xen devices, runs the back end's handshake and
+// returns once it switched to Connected: it waits for the front end to
+// publish its ring, maps the granted pages, binds the front end's port,
+// and arms the unmap notification that tells the front end if this process
+// goes away. Everything read from xenstore is checked. Without /dev/xen it
+// fails at once, wrapping ErrNoXen.
+func NewXenBack(ctx context.Context, cfg XenBackConfig) (*XenBack, error) {
+	if cfg.Xenstore == nil {
+		return nil, errors.New("pvdrm xen back: no xenstore connection")
+	}
+	x := &XenBack{}
+	var err error
+	if x.gnt, err = OpenGntdev(cfg.DevDir); err != nil {
+		return nil, err
+	}
+	if x.ev, err = openEvtchn(cfg.DevDir); err != nil {
+		return nil, errors.Join(err, x.release())
+	}
+	if err = x.connect(ctx, cfg); err != nil {
+		err = fmt.Errorf("pvdrm xen back %d/%d/%d: %w", cfg.Device.BackDomid, cfg.Device.FrontDomid, cfg.Device.DevID, err)
+		return nil, errors.Join(err, x.Close())
+	}
+	return x, nil
+}
+
+func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
+	var err error
+	if x.link, err = StartXenbusBack(ctx, cfg.Xenstore, cfg.Device); err != nil {
+		return err
+	}
+	r, err := x.link.WaitRing(ctx)
+	if err != nil {
+		return err
+	}
+	x.version = r.Version
+	front := cfg.Device.FrontDomid
+	if x.ring, err = x.gnt.Map(front, r.Refs, true); err != nil {
+		return err
+	}
+	mem := x.ring.Mem()
+	if err := checkXenRingTail(mem); err != nil {
+		return err
+	}
+	if err := x.ev.bindInterdomain(front, r.Port); err != nil {
+		return err
+	}
+	mem[len(mem)-xenBackAliveOff] = 1
+	if err := x.ring.setUnmapNotify(len(mem)-xenBackAliveOff, unmapNotifyClearByte|unmapNotifySendEvent, x.ev.port); err != nil {
+		return err
+	}
+	return x.link.Connect(ctx)
+}
+
+// Ring returns the shared ring memory (the front end's pages, mapped).
+func (x *XenBack) Ring() []byte {
+	if x.ring == nil {
+		return nil
+	}
+	return x.ring.Mem()
+}
+
+// Notify kicks the front end.
+func (x *XenBack) Notify() error { return x.ev.notify() }
+
+// Wait blocks until the front end kicked, ctx is done (its error), or max
+// passes (nil).
+func (x *XenBack) Wait(ctx context.Context, max time.Duration) error { return x.ev.wait(ctx, max) }
+
+// PeerGone reports whether the front end's grant went away (its process
+// exited or closed the transport): its unmap notification cleared the
+// byte, and kicked this end.
+func (x *XenBack) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.Mem(), xenFrontAliveOff) }
+
+// Version returns the protocol version the front end chose.
+func (x *XenBack) Version() uint32 { return x.version }
+
+// Xenbus returns the back end's handshake, e.g. to WaitPeerClosing.
+func (x *XenBack) Xenbus() *XenbusBack { return x.link }
+
+// Close unmaps the ring (the front end is notified), unbinds the port, and
+// switches to Closing and then Closed.
+func (x *XenBack) Close() error {
+	errs := []error{x.release()}
+	if x.link != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), xenbusCleanupTimeout)
+		defer cancel()
+		errs = append(errs, x.link.Closing(ctx), x.link.Closed(ctx))
+		x.link = nil
+	}
+	return errors.Join(errs...)
+}
+
+func (x *XenBack) release() error {
+	var errs []error
+	if x.ring != nil {
+		errs = append(errs, x.ring.Close())
+		x.ring = nil
+	}
+	if x.ev != nil {
+		errs = append(errs, x.ev.close())
+		x.ev = nil
+	}
+	if x.gnt != nil {
+		errs = append(errs, x.gnt.Close())
+		x.gnt = nil
+	}
+	return errors.Join(errs...)
+}
