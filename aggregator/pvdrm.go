@@ -153,6 +153,10 @@ type PVDRMBackend struct {
 	pool     []*gemObject
 	poolSize uint64
 
+	// afterCopy, when set (tests), runs after each request was copied off
+	// the ring and before it is decoded.
+	afterCopy func()
+
 	rmu     sync.Mutex // serialises responses (waiters answer too)
 	waiters sync.WaitGroup
 	stopped chan struct{}
@@ -180,6 +184,9 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 		}
 		if ok {
 			b.v.ctr.pvdrmRequests.Add(1)
+			if b.afterCopy != nil {
+				b.afterCopy()
+			}
 			b.handle(ctx, slot[:])
 			continue
 		}

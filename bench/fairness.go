@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
@@ -22,9 +23,12 @@ import (
 
 // FairnessOptions configure the fairness harness.
 type FairnessOptions struct {
-	Board     sim.Config
-	Policies  []string
-	VMs       []int
+	Board    sim.Config
+	Policies []string
+	VMs      []int
+	// Modes are the VMs' virtualization modes, VM i running
+	// Modes[i % len(Modes)] (default: all fv-optimized).
+	Modes     []string
 	Duration  time.Duration
 	MatrixDim int // madd matrix dimension
 	Repeat    int // kernels per long-madd submission (15 in the thesis)
@@ -42,6 +46,8 @@ type FairnessOptions struct {
 type FairnessRun struct {
 	Policy string `json:"policy"`
 	VMs    int    `json:"vms"`
+	// Modes is each VM's mode, in VM order.
+	Modes []string `json:"modes"`
 	// Jain500 and Jain100 are Jain's fairness index of the VMs' GPU usage,
 	// averaged over the 500 ms and 100 ms windows of the run (the first
 	// window, the start-up, left out).
@@ -178,15 +184,25 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	}
 	defer srv.close()
 	agg := srv.agg
-	agg.StartRecording()
+	gate, err := os.MkdirTemp("", "gpuvm-fairness-gate-")
+	if err != nil {
+		return run, err
+	}
+	defer os.RemoveAll(gate)
+	var ended atomic.Int32
 	loads := make([]GuestLoad, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	modes := o.Modes
+	if len(modes) == 0 {
+		modes = []string{string(config.ModeFVOptimized)}
+	}
 	for i := range n {
-		kind := kinds[i]
-		args := []string{"devmodel", "--socket", srv.socket(), "--mode", "fv-optimized", "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
+		kind, mode := kinds[i], modes[i%len(modes)]
+		run.Modes = append(run.Modes, mode)
+		args := []string{"devmodel", "--socket", srv.socket(), "--mode", mode, "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
 			"--ram", "64MiB", "--fairness", kind, "--duration", duration.String(),
-			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--repeat", strconv.Itoa(o.Repeat), "--json"}
+			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--repeat", strconv.Itoa(o.Repeat), "--start-gate", gate, "--json"}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -194,6 +210,7 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, os.Stderr
 			rerr := cmd.Run()
+			ended.Add(1)
 			if jerr := json.Unmarshal(out.Bytes(), &loads[i]); jerr != nil {
 				errs[i] = errors.Join(fmt.Errorf("%s: %w", vmName(i), rerr), jerr)
 			} else if !loads[i].Verified {
@@ -201,8 +218,11 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 			}
 		}()
 	}
+	// Record from the moment every VM is set up and loads the GPU.
+	gerr := openGate(ctx, gate, n, func() bool { return ended.Load() > 0 })
+	agg.StartRecording()
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, gerr)...); err != nil {
 		return run, err
 	}
 	usage, end := agg.Recorded()

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
-	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 )
 
 // GuestLoad is what one VM of the fairness harness did.
@@ -28,7 +29,12 @@ func FairnessKinds() []string { return []string{"madd", "long-madd"} }
 // RunFairnessGuest is one VM of the fairness harness: it loops a madd (one
 // kernel per submission) or a long-madd (repeat kernels in one submission,
 // 15× the work) on its vGPU for duration, then verifies the result.
-func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim, repeat int, duration time.Duration) (load GuestLoad, err error) {
+//
+// With gate set (a directory), it writes gate/ready-DOMID once it is set up
+// and starts looping only when gate/go exists, so that VMs whose set-up
+// takes different times (a trapping FV driver against a PV one on a
+// loaded host) all load the GPU over the same period.
+func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim, repeat int, duration time.Duration, gate string) (load GuestLoad, err error) {
 	load.Kind = kind
 	times := 1
 	switch kind {
@@ -38,18 +44,12 @@ func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim
 	default:
 		return load, fmt.Errorf("fairness load %q: want madd or long-madd", kind)
 	}
-	dev, err := devmodel.Connect(ctx, cfg)
+	drv, closeDrv, err := OpenGuestDriver(ctx, cfg)
 	if err != nil {
 		return load, err
 	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
-	bar1, bar3 := dev.BARSizes()
-	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: DriverPVMode(cfg.Mode)})
-	if err != nil {
-		return load, err
-	}
-	defer func() { err = errors.Join(err, drv.Close()) }()
-	gctx, err := gdev.NewContext(drv)
+	defer func() { err = errors.Join(err, closeDrv()) }()
+	gctx, err := gdev.NewContextOn(drv)
 	if err != nil {
 		return load, err
 	}
@@ -74,6 +74,11 @@ func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim
 	}
 	if err := gctx.MemcpyHtoD(p[1], kernels.EncodeU32s(b)); err != nil {
 		return load, err
+	}
+	if gate != "" {
+		if err := waitAtGate(ctx, gate, cfg.DomID); err != nil {
+			return load, err
+		}
 	}
 	start := time.Now()
 	for time.Since(start) < duration && ctx.Err() == nil {
@@ -103,4 +108,51 @@ func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim
 		}
 	}
 	return load, nil
+}
+
+// gateTimeout bounds the wait for the other VMs at the start gate.
+const gateTimeout = 5 * time.Minute
+
+// waitAtGate says this VM is ready and waits for the harness' go.
+func waitAtGate(ctx context.Context, gate string, domid uint32) error {
+	if err := os.WriteFile(filepath.Join(gate, fmt.Sprintf("ready-%d", domid)), nil, 0o644); err != nil {
+		return fmt.Errorf("start gate: %w", err)
+	}
+	deadline := time.Now().Add(gateTimeout)
+	for {
+		if _, err := os.Stat(filepath.Join(gate, "go")); err == nil {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("start gate %s: no go after %v", gate, gateTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// openGate waits until n VMs are ready at gate, then lets them go.
+func openGate(ctx context.Context, gate string, n int, failed func() bool) error {
+	deadline := time.Now().Add(gateTimeout)
+	for {
+		ready, err := filepath.Glob(filepath.Join(gate, "ready-*"))
+		if err != nil {
+			return err
+		}
+		if len(ready) >= n {
+			return os.WriteFile(filepath.Join(gate, "go"), nil, 0o644)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if failed() {
+			return errors.New("a VM ended before the start")
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("start gate: %d of %d VMs ready after %v", len(ready), n, gateTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -141,3 +141,27 @@ func timeRoundTrips(ctx context.Context, fe *pvdrm.FrontEnd) (ring, mmio time.Du
 	_, cerr := fe.Client.Do(ctx, pvdrm.Request{Op: pvdrm.OpClose, File: file})
 	return ring, mmio, errors.Join(err, cerr)
 }
+
+// OpenGuestDriver connects a VM to the aggregator in cfg.Mode and returns
+// the Gdev driver its programs run on, and how to close it: the guest
+// driver over a device model (full and para-virtualization), or the pvdrm
+// front end.
+func OpenGuestDriver(ctx context.Context, cfg devmodel.Config) (gdev.Driver, func() error, error) {
+	if config.Mode(cfg.Mode).IsPVDRM() {
+		fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		return gdev.PVDRM(fe.Client, fe.Shares), fe.Close, nil
+	}
+	dev, err := devmodel.Connect(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	bar1, bar3 := dev.BARSizes()
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: DriverPVMode(cfg.Mode), Logger: cfg.Logger})
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err()), dev.Close())
+	}
+	return gdev.Nouveau(drv), func() error { return errors.Join(drv.Close(), dev.Close()) }, nil
+}

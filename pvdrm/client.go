@@ -179,7 +179,9 @@ func (c *Client) readLoop(ctx context.Context) {
 	defer close(c.done)
 	var slot [SlotSize]byte
 	for {
+		c.mu.Lock() // the Front is shared with Do's pushes
 		ok, err := c.ring.Poll(slot[:])
+		c.mu.Unlock()
 		if err != nil {
 			c.fail(err)
 			return
@@ -198,7 +200,10 @@ func (c *Client) readLoop(ctx context.Context) {
 			c.slots <- struct{}{}
 			continue
 		}
-		if c.ring.FinalCheck() {
+		c.mu.Lock()
+		more := c.ring.FinalCheck()
+		c.mu.Unlock()
+		if more {
 			continue
 		}
 		if err := c.t.Wait(ctx, 100*time.Millisecond); err != nil {

@@ -44,6 +44,7 @@ func devmodelCommand() *cli.Command {
 			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
+			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
 		}, covertGuestFlags()...),
 		Action: runDevmodel,
 	}
@@ -79,7 +80,7 @@ func runDevmodel(c *cli.Context) error {
 		return runCovertGuest(c, cfg)
 	}
 	if kind := c.String("fairness"); kind != "" {
-		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"))
+		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"), c.Path("start-gate"))
 		err = noDaemonHint(err, "gpuvm serve", "--socket")
 		if jerr := bench.WriteJSONValue(c.App.Writer, load); jerr != nil {
 			return jerr

@@ -29,7 +29,8 @@ func fairnessCommand() *cli.Command {
 			"usage over 500 ms and 100 ms windows, Jain's fairness index over those windows,\n" +
 			"throughput, and each policy's execution-time overhead against FIFO.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts, each even, 2..64 (half the VMs loop madd, half long-madd)"},
+			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts, each even, 2..64 (half the VMs loop madd, half long-madd; with --modes any count: VM i loops madd if i is odd)"},
+			&cli.StringFlag{Name: "modes", Usage: "comma-separated virtualization modes, VM i running the i-th modulo their number (a mixed board); default fv-optimized: " + strings.Join(config.ModeNames(), ", ")},
 			&cli.StringFlag{Name: "policy", Value: "fifo,band", Usage: "comma-separated policies: " + strings.Join(sched.Names(), ", ")},
 			&cli.DurationFlag{Name: "duration", Value: 6 * time.Second, Usage: "length of each run"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 256, Usage: "madd matrix dimension"},
@@ -45,12 +46,13 @@ func fairnessCommand() *cli.Command {
 }
 
 // parseVMCounts parses --vms: even counts 2..64, because half the VMs of
-// a run loop madd and half long-madd (an odd count would not split).
-func parseVMCounts(s string) ([]int, error) {
+// a run loop madd and half long-madd (an odd count would not split) —
+// unless odd counts are allowed (a mixed board of --modes).
+func parseVMCounts(s string, odd bool) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 2 || n > 64 || n%2 != 0 {
+		if err != nil || n < 2 || n > 64 || (n%2 != 0 && !odd) {
 			return nil, fmt.Errorf("%q: want even counts 2..64 (half the VMs loop madd, half long-madd)", f)
 		}
 		out = append(out, n)
@@ -63,7 +65,17 @@ func runFairness(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	vms, err := parseVMCounts(c.String("vms"))
+	var modes []string
+	if c.IsSet("modes") {
+		for _, m := range strings.Split(c.String("modes"), ",") {
+			m = strings.TrimSpace(m)
+			if !config.Mode(m).Valid() {
+				return usageError("--modes %q: have %s", m, strings.Join(config.ModeNames(), ", "))
+			}
+			modes = append(modes, m)
+		}
+	}
+	vms, err := parseVMCounts(c.String("vms"), len(modes) > 0)
 	if err != nil {
 		return usageError("--vms %v", err)
 	}
@@ -89,7 +101,7 @@ func runFairness(c *cli.Context) error {
 		return usageError("--duration %v: want at least 1s (it is cut into 500 ms windows)", c.Duration("duration"))
 	}
 	rep, err := bench.RunFairness(c.Context, bench.FairnessOptions{
-		Board: boardCfg, Policies: policies, VMs: vms, Duration: c.Duration("duration"),
+		Board: boardCfg, Policies: policies, VMs: vms, Modes: modes, Duration: c.Duration("duration"),
 		MatrixDim: c.Int("matrix-dim"), Repeat: c.Int("repeat"), Sched: sched.FromConfig(cfg.Scheduler),
 		Command: selfCommand, Logger: log, ServerSpin: c.Int("ipc-spin"),
 		Progress: func(msg string) { fmt.Fprintln(c.App.ErrWriter, msg) },
@@ -111,7 +123,7 @@ func runFairness(c *cli.Context) error {
 
 func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\t")
+	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\tMODES\t")
 	for _, r := range rep.Runs {
 		var madd, long float64
 		for i, l := range r.Loads {
@@ -128,7 +140,7 @@ func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 			}
 			return "–"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"))
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
