@@ -25,6 +25,9 @@ func devmodelCommand() *cli.Command {
 			"creating the guest's RAM and handing it over, then runs the guest driver and the given\n" +
 			"workloads on the virtual GPU, verifying each result. This is the VM process of the\n" +
 			"benchmark harness and a standalone check that an aggregator serves VMs correctly.\n" +
+			"In the pvdrm modes the guest has no GPU registers and there is no device model: the\n" +
+			"process is the pvdrm front end, handing over its GART heap (--ram) and a shared ring,\n" +
+			"and Gdev runs on whole DRM operations sent to the aggregator's back end.\n" +
 			"Closing it (or killing it) makes the aggregator tear the vGPU down.",
 		Flags: append([]cli.Flag{
 			&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket (gpuvm serve prints it)"},

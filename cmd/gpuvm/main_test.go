@@ -340,3 +340,52 @@ func TestBenchPVModes(t *testing.T) {
 	}
 	t.Logf("pincpy hypercalls: %v without multicall, %v with", calls["pv-naive"], calls["pv-multicall"])
 }
+
+// TestBenchPVDRMModes: every workload verifies in pvdrm and pvdrm-pooling
+// over the real handshake and ring, nothing of the guest traps, and pooling
+// shares pincpy's pages less often than no pooling.
+func TestBenchPVDRMModes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the pvdrm bench runs in the full suite; -short keeps the in-process pvdrm tests")
+	}
+	out, stderr, err := runApp(t, "bench", "--mode", "native,pvdrm,pvdrm-pooling", "--workloads", "all", "--runs", "2",
+		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "16MiB", "--loop-iterations", "1000", "--vram", "3GiB")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	var rep struct {
+		Results []struct {
+			Mode, Workload string
+			Verified       bool
+			Error          string
+			Counters       map[string]any `json:"counters"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v", err)
+	}
+	shares := map[string]float64{}
+	for _, r := range rep.Results {
+		if !r.Verified {
+			t.Errorf("%s %s: %s", r.Mode, r.Workload, r.Error)
+		}
+		if r.Mode == "native" {
+			continue
+		}
+		num := func(k string) float64 { f, _ := r.Counters[k].(float64); return f }
+		if num("pvdrm_requests") == 0 || num("doorbells") == 0 || num("scans") != 0 || num("pvdrm_rejected") != 0 || num("denied") != 0 ||
+			num("ring_round_trip_ns") <= 0 || num("mmio_round_trip_ns") <= 0 {
+			t.Errorf("%s %s counters: %v", r.Mode, r.Workload, r.Counters)
+		}
+		if r.Workload == "pincpy" {
+			shares[r.Mode] = num("pvdrm_shares")
+			if r.Mode == "pvdrm-pooling" && num("pvdrm_pool_hits") == 0 {
+				t.Errorf("pincpy with pooling: no pool hits: %v", r.Counters)
+			}
+		}
+	}
+	if s, p := shares["pvdrm"], shares["pvdrm-pooling"]; s == 0 || p >= s {
+		t.Errorf("pincpy page shares per run: %v without pooling, %v with: want fewer with", s, p)
+	}
+	t.Logf("pincpy page shares per run: %v without pooling, %v with", shares["pvdrm"], shares["pvdrm-pooling"])
+}
