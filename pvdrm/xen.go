@@ -143,7 +143,8 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	return x.link.WaitConnected(ctx)
 }
 
-// Ring returns the shared ring memory.
+// Ring returns the shared ring memory: pages that start zeroed, which the
+// caller initialises with NewFront before its first Notify.
 func (x *XenFront) Ring() []byte {
 	if x.ring == nil {
 		return nil

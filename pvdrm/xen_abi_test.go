@@ -11,8 +11,10 @@ import (
 // C probe prints.
 type goLayout map[string]int64
 
-func (g goLayout) size(s string, n uintptr)         { g["sizeof "+s] = int64(n) }
-func (g goLayout) field(s, f string, n, off uintptr) { g["sizeof "+s+"."+f], g["offsetof "+s+"."+f] = int64(n), int64(off) }
+func (g goLayout) size(s string, n uintptr) { g["sizeof "+s] = int64(n) }
+func (g goLayout) field(s, f string, n, off uintptr) {
+	g["sizeof "+s+"."+f], g["offsetof "+s+"."+f] = int64(n), int64(off)
+}
 
 // TestXenABI checks every size, offset, ioctl number and flag of
 // xen_abi.go against the kernel's uapi headers, compiled by gcc.

@@ -36,7 +36,7 @@ func openXenDev(dir, name string, flags int) (int, error) {
 	if err != nil {
 		perr := &fs.PathError{Op: "open", Path: p, Err: err}
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
-			return -1, fmt.Errorf("pvdrm xen: %s is missing: %w: %w", p, ErrNoXen, perr)
+			return -1, fmt.Errorf("pvdrm xen: %w: %w", ErrNoXen, perr)
 		}
 		return -1, fmt.Errorf("pvdrm xen: %w", perr)
 	}
@@ -75,9 +75,9 @@ type GrantedPages struct {
 	mem   []byte
 }
 
-// Share allocates pages zeroed pages, grants them to domain domid (writable
-// or read-only) and maps them here. The grant references go to the other
-// domain, which maps them with Gntdev.Map.
+// Share allocates that many zeroed pages, grants them to domain domid
+// (writable or read-only) and maps them here. The grant references go to
+// the other domain, which maps them with Gntdev.Map.
 func (g *Gntalloc) Share(domid uint16, pages int, writable bool) (*GrantedPages, error) {
 	if err := checkGrantCount(pages); err != nil {
 		return nil, err

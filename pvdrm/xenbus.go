@@ -38,6 +38,8 @@ const (
 	XenbusStateReconfigured  XenbusState = 8
 )
 
+// String returns the state's name as io/xenbus.h spells it (without
+// the XenbusState prefix).
 func (s XenbusState) String() string {
 	names := [...]string{"Unknown", "Initialising", "InitWait", "Initialised", "Connected",
 		"Closing", "Closed", "Reconfiguring", "Reconfigured"}
@@ -157,18 +159,30 @@ func isNotExist(err error) bool {
 	return errors.As(err, &xe) && xe.Errno == "ENOENT"
 }
 
-// readNumber reads dir/key as a strict decimal in lo..hi.
+// SelfDomid reads this domain's id from xenstore: the domid key of its
+// home directory, read by a relative path.
+func SelfDomid(ctx context.Context, xs *Xenstore) (uint16, error) {
+	v, err := readNumber(ctx, xs.root(), "domid", "", 0, DomidFirstReserved-1)
+	return uint16(v), err
+}
+
+// readNumber reads dir/key (dir alone if key is "") as a strict decimal
+// in lo..hi.
 func readNumber(ctx context.Context, tx XenstoreTx, dir, key string, lo, hi uint64) (uint64, error) {
-	s, err := tx.Read(ctx, dir+"/"+key)
+	p := dir + "/" + key
+	if key == "" {
+		p = dir
+	}
+	s, err := tx.Read(ctx, p)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("xenbus: %w", err)
 	}
 	v, err := parseXsUint(s, hi)
 	if err == nil && v < lo {
 		err = fmt.Errorf("%d is below %d", v, lo)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("xenbus: %s/%s: %w", dir, key, err)
+		return 0, fmt.Errorf("xenbus: %s: %w", p, err)
 	}
 	return v, nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +30,8 @@ const (
 	// xsTransactionRetries bounds the restarts of a transaction the
 	// daemon ended with EAGAIN (a conflicting commit).
 	xsTransactionRetries = 16
+	// xsEndTimeout bounds ending a transaction whose context is done.
+	xsEndTimeout = 5 * time.Second
 )
 
 // Xenstore is a xenstore client over one connection (the daemon's Unix
@@ -53,7 +56,8 @@ type Xenstore struct {
 var ErrXenstoreClosed = errors.New("xenstore connection closed")
 
 // NewXenstore runs the protocol over rw (closed by Close if it is an
-// io.Closer).
+// io.Closer; if it is not, the reader goroutine ends only when a read
+// fails).
 func NewXenstore(rw io.ReadWriter) *Xenstore {
 	c := &Xenstore{
 		w:       rw,
@@ -160,6 +164,9 @@ func (c *Xenstore) deliverWatch(p []byte) {
 // returned as *XenstoreError; a reply of another type than the request's
 // is a protocol error.
 func (c *Xenstore) request(ctx context.Context, typ xsType, tx uint32, path string, payload []byte) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("xenstore %v %s: %w", typ, path, err)
+	}
 	m := xsMsg{Type: typ, TxID: tx, Payload: payload}
 	ch := make(chan xsMsg, 1)
 	c.mu.Lock()
@@ -378,15 +385,18 @@ func (c *Xenstore) Transaction(ctx context.Context, fn func(tx XenstoreTx) error
 		}
 		tx := XenstoreTx{c: c, id: uint32(id)}
 		ferr := fn(tx)
-		commit := "T"
-		if ferr != nil {
-			commit = "F"
+		if ferr == nil && ctx.Err() != nil {
+			ferr = fmt.Errorf("xenstore transaction: %w", ctx.Err())
 		}
-		p, err = c.request(ctx, xsTransactionEnd, tx.id, "", []byte(commit+"\x00"))
-		err = expectOK(xsTransactionEnd, "", p, err)
 		if ferr != nil {
+			// Abandon it even past ctx, or the daemon keeps it open.
+			endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), xsEndTimeout)
+			_, _ = c.request(endCtx, xsTransactionEnd, tx.id, "", []byte("F\x00"))
+			cancel()
 			return ferr // an abandoned transaction's end error changes nothing
 		}
+		p, err = c.request(ctx, xsTransactionEnd, tx.id, "", []byte("T\x00"))
+		err = expectOK(xsTransactionEnd, "", p, err)
 		if errors.Is(err, unix.EAGAIN) && attempt < xsTransactionRetries {
 			continue
 		}

@@ -72,6 +72,7 @@ const xsRemovedRestrict xsType = 20
 // valid reports whether t is a message type of the current protocol.
 func (t xsType) valid() bool { return t < xsTypeCount && t != xsRemovedRestrict }
 
+// String returns the type's name, e.g. XS_READ.
 func (t xsType) String() string {
 	names := [...]string{"CONTROL", "DIRECTORY", "READ", "GET_PERMS", "WATCH", "UNWATCH",
 		"TRANSACTION_START", "TRANSACTION_END", "INTRODUCE", "RELEASE", "GET_DOMAIN_PATH",
@@ -186,6 +187,7 @@ type XenstoreError struct {
 	Errno string // the daemon's error name, e.g. "ENOENT"
 }
 
+// Error describes the refused request.
 func (e *XenstoreError) Error() string {
 	if e.Path == "" {
 		return fmt.Sprintf("xenstore %s: %s", e.Op, e.Errno)
@@ -292,6 +294,7 @@ type XenstorePerm struct {
 	Access byte // 'n' none, 'r' read, 'w' write, 'b' both
 }
 
+// String returns the entry as XS_SET_PERMS sends it, e.g. "r5".
 func (p XenstorePerm) String() string { return fmt.Sprintf("%c%d", p.Access, p.Domid) }
 
 // setPermsPayload encodes path and perms for XS_SET_PERMS.
@@ -313,7 +316,7 @@ func setPermsPayload(path string, perms []XenstorePerm) ([]byte, error) {
 // digits only (no sign, space or base prefix), no leading zero except "0"
 // itself, at most max.
 func parseXsUint(s string, max uint64) (uint64, error) {
-	if s == "" || len(s) > 20 {
+	if s == "" || len(s) > 20 || strings.Trim(s, "0123456789") != "" {
 		return 0, fmt.Errorf("%q is not a decimal number", s)
 	}
 	if len(s) > 1 && s[0] == '0' {
@@ -321,9 +324,6 @@ func parseXsUint(s string, max uint64) (uint64, error) {
 	}
 	var v uint64
 	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return 0, fmt.Errorf("%q is not a decimal number", s)
-		}
 		d := uint64(c - '0')
 		if d > max || v > (max-d)/10 {
 			return 0, fmt.Errorf("%s exceeds %d", s, max)

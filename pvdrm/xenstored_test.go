@@ -25,7 +25,7 @@ type testXenstored struct {
 	nextTx   uint32
 	conns    []*testXsConn
 	failEnds int      // answer this many commits with EAGAIN
-	states   []string // every write of a .../state node: "<dir>=<value>"
+	states   []string // every committed write of a .../state node: "<dir>=<value>"
 }
 
 type testXsTx struct {
@@ -67,11 +67,17 @@ func (s *testXenstored) get(p string) (string, bool) {
 	return v, ok
 }
 
+// set writes a node directly (as a hostile or absent peer would) and fires
+// its watches.
 func (s *testXenstored) set(p, v string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.nodes[p] = v
 	s.gen++
+	ev := s.fire([]string{p})
+	s.mu.Unlock()
+	for _, e := range ev {
+		e.conn.send(xsMsg{Type: xsWatchEvent, Payload: []byte(e.path + "\x00" + e.tok + "\x00")})
+	}
 }
 
 func (s *testXenstored) stateLog() []string {
@@ -155,9 +161,6 @@ func (c *testXsConn) handle(m xsMsg) (xsMsg, []testXsEvent) {
 		}
 		if m.Type == xsWrite {
 			nodes[p] = strings.Join(args[1:], "\x00")
-			if strings.HasSuffix(p, "/state") {
-				s.states = append(s.states, strings.TrimSuffix(p, "/state")+"="+nodes[p])
-			}
 		}
 		changed = append(changed, p)
 	case xsRm:
@@ -237,9 +240,19 @@ func (c *testXsConn) handle(m xsMsg) (xsMsg, []testXsEvent) {
 	return ok("OK\x00", s.fire(changed))
 }
 
-// fire returns the events for changes at paths: to every watch at or above
-// a changed node, or below a removed one.
+// fire logs the state changes at paths and returns their events.
 func (s *testXenstored) fire(paths []string) []testXsEvent {
+	for _, p := range paths {
+		if v, ok := s.nodes[p]; ok && strings.HasSuffix(p, "/state") {
+			s.states = append(s.states, strings.TrimSuffix(p, "/state")+"="+v)
+		}
+	}
+	return s.events(paths)
+}
+
+// events returns the events for changes at paths: to every watch at or above
+// a changed node, or below a removed one.
+func (s *testXenstored) events(paths []string) []testXsEvent {
 	var ev []testXsEvent
 	for _, p := range paths {
 		for _, c := range s.conns {
