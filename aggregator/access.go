@@ -69,3 +69,10 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 	v.reclaim()
 	return nil
 }
+
+// detached reports whether the vGPU was torn down.
+func (v *VGPU) detached() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.dead
+}

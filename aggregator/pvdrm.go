@@ -182,6 +182,9 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 			b.v.gripeLog("pvdrm front end broke the ring protocol: disconnecting it", "err", err)
 			return fmt.Errorf("pvdrm: %w", err)
 		}
+		if ok && b.v.detached() {
+			return fmt.Errorf("pvdrm: %w", ErrDetached) // destroyed (control API): nothing left to drive
+		}
 		if ok {
 			b.v.ctr.pvdrmRequests.Add(1)
 			if b.afterCopy != nil {
@@ -191,6 +194,9 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 			continue
 		}
 		b.reapZombies()
+		if b.v.detached() {
+			return fmt.Errorf("pvdrm: %w", ErrDetached) // destroyed (control API): nothing left to drive
+		}
 		if b.ring.FinalCheck() {
 			continue
 		}

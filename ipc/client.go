@@ -207,6 +207,11 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
+// Done returns a channel closed when the server ends the connection (its
+// Bye or hang-up) or Close runs, with the transport TransportShm; with
+// TransportSocket it returns nil (a call reports the end).
+func (c *Client) Done() <-chan struct{} { return c.watchDone }
+
 // Transport returns the connection's transport.
 func (c *Client) Transport() Transport { return c.transport }
 

@@ -215,6 +215,13 @@ func (c *Client) readLoop(ctx context.Context) {
 	}
 }
 
+// Abort ends the connection because of err (the aggregator hung up):
+// requests waiting and to come fail with it.
+func (c *Client) Abort(err error) {
+	c.fail(err)
+	c.stop()
+}
+
 // Close stops reading responses and closes the transport. Requests still
 // waiting fail with ErrDisconnected.
 func (c *Client) Close() error {

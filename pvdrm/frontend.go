@@ -79,6 +79,14 @@ func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
 		return fe, err
 	}
 	fe.Shares = NewLocalShares(fe.gart.Fd(), fe.gart.Size(), fe.Client.Features&FeaturePooling != 0)
+	if done := fe.ctl.Done(); done != nil {
+		// The aggregator says goodbye on the device-model socket (the
+		// vGPU was destroyed, or the daemon stops): fail what waits.
+		go func() {
+			<-done
+			fe.Client.Abort(fe.ctl.Err())
+		}()
+	}
 	return fe, nil
 }
 
