@@ -13,6 +13,9 @@ import (
 // down, every byte of its slot reads zero afterwards, and a new pvdrm tenant
 // of the same slot runs and verifies its workloads.
 func TestPVDRMFrontEndKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("processes only; -short keeps the in-process variant (aggregator.TestPVDRMFrontEndVanishesMidRequest) under -race")
+	}
 	e := newEnv(t)
 	honest, _ := e.startHonestMode(t, "fv-optimized")
 	// madd leaves matrices in VRAM; the loop that follows never ends.
