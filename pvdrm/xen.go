@@ -4,7 +4,10 @@ package pvdrm
 
 // This file is the xen transport: the ring in pages the front end (the
 // guest) grants to the back end (dom0), and one interdomain event channel
-// for notifications both ways, set up by the xenbus handshake.
+// for notifications both ways, set up by the xenbus handshake. The Xen
+// devices, the xenstore client and the handshake are packages xen,
+// xen/xenstore and xen/xenbus; this file adds what is pvdrm's: the device
+// type, the protocol version, the ring's limits and the liveness bytes.
 //
 // The last 64 bytes of the ring memory are never slots (the header and a
 // power-of-two count of slots leave them free for any page count; checked
@@ -23,7 +26,16 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/gpuvm/gpuvm/xen"
+	"github.com/gpuvm/gpuvm/xen/xenbus"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
 )
+
+// XenDeviceType is pvdrm's device type in xenstore paths
+// (/local/domain/<front>/device/pvdrm/<devid> and
+// /local/domain/<back>/backend/pvdrm/<front>/<devid>).
+const XenDeviceType = "pvdrm"
 
 // Liveness bytes at the end of the ring memory (see above).
 const (
@@ -32,6 +44,9 @@ const (
 	xenBackAliveOff  = 2
 	// defaultXenCloseTimeout bounds how long Close waits for the other end.
 	defaultXenCloseTimeout = 5 * time.Second
+	// xenCleanupTimeout bounds the state switches of Close, which run on
+	// a context of their own.
+	xenCleanupTimeout = 5 * time.Second
 )
 
 var (
@@ -58,7 +73,7 @@ func peerAlive(mem []byte, off int) bool {
 // XenFrontConfig configures a front end.
 type XenFrontConfig struct {
 	// Xenstore is the connection to xenstore (required).
-	Xenstore *Xenstore
+	Xenstore *xenstore.Client
 	// Domid is this (the front end's) domain's id.
 	Domid uint16
 	// DevID is the device id: the toolstack created
@@ -67,7 +82,7 @@ type XenFrontConfig struct {
 	// Pages is the ring size: a power of two up to MaxRingPages, and up
 	// to what the back end accepts (0 means 1).
 	Pages int
-	// DevDir is where the Xen devices are ("" is XenDevDir).
+	// DevDir is where the Xen devices are ("" is xen.DevDir).
 	DevDir string
 	// CloseTimeout bounds how long Close waits for the back end to let go
 	// of the ring (0 means 5 s).
@@ -77,10 +92,10 @@ type XenFrontConfig struct {
 // XenFront is the front end (guest) of the xen transport. Notify and Wait
 // may be called concurrently with each other, not with Close.
 type XenFront struct {
-	link         *XenbusFront
-	gnt          *Gntalloc
-	ring         *GrantedPages
-	ev           *evtchn
+	link         *xenbus.Front
+	gnt          *xen.Gntalloc
+	ring         *xen.GrantedPages
+	ev           *xen.Evtchn
 	closeTimeout time.Duration
 }
 
@@ -88,7 +103,8 @@ type XenFront struct {
 // returns once the back end is Connected: it grants the ring pages to the
 // back end's domain, allocates an event channel port for it, publishes
 // both, and arms the unmap notification that tells the back end if this
-// process goes away. Without /dev/xen it fails at once, wrapping ErrNoXen.
+// process goes away. Without /dev/xen it fails at once, wrapping
+// xen.ErrNoXen.
 func NewXenFront(ctx context.Context, cfg XenFrontConfig) (*XenFront, error) {
 	if cfg.Xenstore == nil {
 		return nil, errors.New("pvdrm xen front: no xenstore connection")
@@ -96,15 +112,15 @@ func NewXenFront(ctx context.Context, cfg XenFrontConfig) (*XenFront, error) {
 	if cfg.Pages == 0 {
 		cfg.Pages = 1
 	}
-	if _, err := ringPageOrder(cfg.Pages); err != nil || cfg.Pages > MaxRingPages {
+	if _, err := xenbus.RingPageOrder(cfg.Pages); err != nil || cfg.Pages > MaxRingPages {
 		return nil, fmt.Errorf("pvdrm xen front: %d ring pages: want a power of two up to %d", cfg.Pages, MaxRingPages)
 	}
 	x := &XenFront{closeTimeout: cmp.Or(cfg.CloseTimeout, defaultXenCloseTimeout)}
 	var err error
-	if x.gnt, err = OpenGntalloc(cfg.DevDir); err != nil {
+	if x.gnt, err = xen.OpenGntalloc(cfg.DevDir); err != nil {
 		return nil, err
 	}
-	if x.ev, err = openEvtchn(cfg.DevDir); err != nil {
+	if x.ev, err = xen.OpenEvtchn(cfg.DevDir); err != nil {
 		return nil, errors.Join(err, x.release())
 	}
 	if err = x.connect(ctx, cfg); err != nil {
@@ -116,7 +132,8 @@ func NewXenFront(ctx context.Context, cfg XenFrontConfig) (*XenFront, error) {
 
 func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	var err error
-	if x.link, err = StartXenbusFront(ctx, cfg.Xenstore, cfg.Domid, cfg.DevID); err != nil {
+	dev := xenbus.Device{Type: XenDeviceType, FrontDomid: cfg.Domid, DevID: cfg.DevID}
+	if x.link, err = xenbus.StartFront(ctx, cfg.Xenstore, dev, Version); err != nil {
 		return err
 	}
 	if cfg.Pages > x.link.MaxRingPages() {
@@ -130,14 +147,14 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	if err := checkXenRingTail(mem); err != nil {
 		return err
 	}
-	if err := x.ev.bindUnbound(back); err != nil {
+	if err := x.ev.BindUnbound(back); err != nil {
 		return err
 	}
 	mem[len(mem)-xenFrontAliveOff] = 1
-	if err := x.ring.setUnmapNotify(len(mem)-xenFrontAliveOff, unmapNotifyClearByte|unmapNotifySendEvent, x.ev.port); err != nil {
+	if err := x.ring.SetUnmapNotify(len(mem)-xenFrontAliveOff, xen.UnmapNotifyClearByte|xen.UnmapNotifySendEvent, x.ev.Port()); err != nil {
 		return err
 	}
-	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.port); err != nil {
+	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port()); err != nil {
 		return err
 	}
 	return x.link.WaitConnected(ctx)
@@ -153,11 +170,11 @@ func (x *XenFront) Ring() []byte {
 }
 
 // Notify kicks the back end.
-func (x *XenFront) Notify() error { return x.ev.notify() }
+func (x *XenFront) Notify() error { return x.ev.Notify() }
 
 // Wait blocks until the back end kicked, ctx is done (its error), or max
 // passes (nil).
-func (x *XenFront) Wait(ctx context.Context, max time.Duration) error { return x.ev.wait(ctx, max) }
+func (x *XenFront) Wait(ctx context.Context, max time.Duration) error { return x.ev.Wait(ctx, max) }
 
 // PeerGone reports whether the back end's mapping of the ring went away
 // (its process exited or closed the transport).
@@ -165,7 +182,7 @@ func (x *XenFront) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.M
 
 // Xenbus returns the front end's handshake, for its state and the back
 // end's.
-func (x *XenFront) Xenbus() *XenbusFront { return x.link }
+func (x *XenFront) Xenbus() *xenbus.Front { return x.link }
 
 // Close switches to Closing, waits (CloseTimeout at most) for the back end
 // to stop using the ring unless it is gone already, revokes the grants,
@@ -181,12 +198,12 @@ func (x *XenFront) Close() error {
 				errs = append(errs, fmt.Errorf("pvdrm xen front: the back end did not let go of the ring: %w", err))
 			}
 		} else {
-			errs = append(errs, x.link.announce(ctx, XenbusStateClosing))
+			errs = append(errs, x.link.Announce(ctx, xenbus.StateClosing))
 		}
 	}
 	errs = append(errs, x.release())
 	if x.link != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), xenbusCleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), xenCleanupTimeout)
 		defer cancel()
 		errs = append(errs, x.link.Closed(ctx))
 		x.link = nil
@@ -202,7 +219,7 @@ func (x *XenFront) release() error {
 		x.ring = nil
 	}
 	if x.ev != nil {
-		errs = append(errs, x.ev.close())
+		errs = append(errs, x.ev.Close())
 		x.ev = nil
 	}
 	if x.gnt != nil {
@@ -215,20 +232,21 @@ func (x *XenFront) release() error {
 // XenBackConfig configures a back end.
 type XenBackConfig struct {
 	// Xenstore is the connection to xenstore (required).
-	Xenstore *Xenstore
-	// Device names the device; BackDomid is this domain's id.
-	Device XenDevice
-	// DevDir is where the Xen devices are ("" is XenDevDir).
+	Xenstore *xenstore.Client
+	// Device names the device: its Type is XenDeviceType, and BackDomid
+	// is this domain's id.
+	Device xenbus.Device
+	// DevDir is where the Xen devices are ("" is xen.DevDir).
 	DevDir string
 }
 
 // XenBack is the back end (dom0) of the xen transport. Notify and Wait
 // may be called concurrently with each other, not with Close.
 type XenBack struct {
-	link    *XenbusBack
-	gnt     *Gntdev
-	ring    *GrantMapping
-	ev      *evtchn
+	link    *xenbus.Back
+	gnt     *xen.Gntdev
+	ring    *xen.GrantMapping
+	ev      *xen.Evtchn
 	version uint32
 }
 
@@ -237,17 +255,20 @@ type XenBack struct {
 // publish its ring, maps the granted pages, binds the front end's port,
 // and arms the unmap notification that tells the front end if this process
 // goes away. Everything read from xenstore is checked. Without /dev/xen it
-// fails at once, wrapping ErrNoXen.
+// fails at once, wrapping xen.ErrNoXen.
 func NewXenBack(ctx context.Context, cfg XenBackConfig) (*XenBack, error) {
 	if cfg.Xenstore == nil {
 		return nil, errors.New("pvdrm xen back: no xenstore connection")
 	}
+	if cfg.Device.Type != XenDeviceType {
+		return nil, fmt.Errorf("pvdrm xen back: device type %q, want %q", cfg.Device.Type, XenDeviceType)
+	}
 	x := &XenBack{}
 	var err error
-	if x.gnt, err = OpenGntdev(cfg.DevDir); err != nil {
+	if x.gnt, err = xen.OpenGntdev(cfg.DevDir); err != nil {
 		return nil, err
 	}
-	if x.ev, err = openEvtchn(cfg.DevDir); err != nil {
+	if x.ev, err = xen.OpenEvtchn(cfg.DevDir); err != nil {
 		return nil, errors.Join(err, x.release())
 	}
 	if err = x.connect(ctx, cfg); err != nil {
@@ -259,7 +280,7 @@ func NewXenBack(ctx context.Context, cfg XenBackConfig) (*XenBack, error) {
 
 func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	var err error
-	if x.link, err = StartXenbusBack(ctx, cfg.Xenstore, cfg.Device); err != nil {
+	if x.link, err = xenbus.StartBack(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
 		return err
 	}
 	r, err := x.link.WaitRing(ctx)
@@ -275,11 +296,11 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if err := checkXenRingTail(mem); err != nil {
 		return err
 	}
-	if err := x.ev.bindInterdomain(front, r.Port); err != nil {
+	if err := x.ev.BindInterdomain(front, r.Port); err != nil {
 		return err
 	}
 	mem[len(mem)-xenBackAliveOff] = 1
-	if err := x.ring.setUnmapNotify(len(mem)-xenBackAliveOff, unmapNotifyClearByte|unmapNotifySendEvent, x.ev.port); err != nil {
+	if err := x.ring.SetUnmapNotify(len(mem)-xenBackAliveOff, xen.UnmapNotifyClearByte|xen.UnmapNotifySendEvent, x.ev.Port()); err != nil {
 		return err
 	}
 	return x.link.Connect(ctx)
@@ -294,11 +315,11 @@ func (x *XenBack) Ring() []byte {
 }
 
 // Notify kicks the front end.
-func (x *XenBack) Notify() error { return x.ev.notify() }
+func (x *XenBack) Notify() error { return x.ev.Notify() }
 
 // Wait blocks until the front end kicked, ctx is done (its error), or max
 // passes (nil).
-func (x *XenBack) Wait(ctx context.Context, max time.Duration) error { return x.ev.wait(ctx, max) }
+func (x *XenBack) Wait(ctx context.Context, max time.Duration) error { return x.ev.Wait(ctx, max) }
 
 // PeerGone reports whether the front end's grant went away (its process
 // exited or closed the transport): its unmap notification cleared the
@@ -309,14 +330,14 @@ func (x *XenBack) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.Me
 func (x *XenBack) Version() uint32 { return x.version }
 
 // Xenbus returns the back end's handshake, e.g. to WaitPeerClosing.
-func (x *XenBack) Xenbus() *XenbusBack { return x.link }
+func (x *XenBack) Xenbus() *xenbus.Back { return x.link }
 
 // Close unmaps the ring (the front end is notified), unbinds the port, and
 // switches to Closing and then Closed.
 func (x *XenBack) Close() error {
 	errs := []error{x.release()}
 	if x.link != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), xenbusCleanupTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), xenCleanupTimeout)
 		defer cancel()
 		errs = append(errs, x.link.Closing(ctx), x.link.Closed(ctx))
 		x.link = nil
@@ -331,7 +352,7 @@ func (x *XenBack) release() error {
 		x.ring = nil
 	}
 	if x.ev != nil {
-		errs = append(errs, x.ev.close())
+		errs = append(errs, x.ev.Close())
 		x.ev = nil
 	}
 	if x.gnt != nil {

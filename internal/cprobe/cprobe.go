@@ -1,4 +1,11 @@
-package pvdrm
+// Package cprobe checks a Go package's idea of a C ABI against C itself:
+// Run compiles a small C program against the system's headers with gcc,
+// runs it and returns the names and values it printed; Layout collects the
+// Go side under the same names, and Compare fails the test for every
+// difference. It is for tests of the packages that mirror kernel or Xen
+// headers (xen, xen/xenstore, xen/xenbus). Without gcc or a header, Run
+// skips the test and says what to install.
+package cprobe
 
 import (
 	"bufio"
@@ -12,10 +19,11 @@ import (
 	"testing"
 )
 
-// cProbePrelude is the start of every probe program: P prints one
-// "name value" line; SZ, FSZ and OFF print a struct's size and a field's
-// size and offset.
-const cProbePrelude = `#include <stdio.h>
+// Prelude is the start of every probe program: P prints one "name value"
+// line; SZ, FSZ and OFF print a struct's size and a field's size and
+// offset, and FIELD a field's size and offset, under the names Layout
+// uses.
+const Prelude = `#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #define P(name, v) printf("%s %lld\n", name, (long long)(v))
@@ -25,18 +33,19 @@ const cProbePrelude = `#include <stdio.h>
 #define FIELD(s, f) do { FSZ(s, f); OFF(s, f); } while (0)
 `
 
-// cProbe compiles body (C statements inside main, after the prelude and
-// the includes) with gcc, runs it and returns what it printed. It skips
-// the test, saying what to install, if gcc or one of the headers (paths
-// under /usr/include) is missing.
-func cProbe(t *testing.T, pkg string, headers []string, defs, body string) map[string]int64 {
+// Run compiles body (C statements inside main) after the Prelude, defs and
+// an #include of each of headers (paths under /usr/include) with gcc, runs
+// it and returns what it printed. It skips the test, saying what to
+// install (pkg names the Debian package of the headers), if gcc or one of
+// the headers is missing.
+func Run(t testing.TB, pkg string, headers []string, defs, body string) map[string]int64 {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skip("gcc not found: install gcc to check the layouts against the C headers")
 	}
 	var src strings.Builder
-	src.WriteString(cProbePrelude)
+	src.WriteString(Prelude)
 	src.WriteString(defs)
 	for _, h := range headers {
 		if _, err := os.Stat(filepath.Join("/usr/include", h)); err != nil {
@@ -62,8 +71,11 @@ func cProbe(t *testing.T, pkg string, headers []string, defs, body string) map[s
 	for sc.Scan() {
 		line := sc.Text()
 		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			t.Fatalf("probe printed %q", line)
+		}
 		v, err := strconv.ParseInt(line[i+1:], 10, 64)
-		if i < 0 || err != nil {
+		if err != nil {
 			t.Fatalf("probe printed %q", line)
 		}
 		got[line[:i]] = v
@@ -71,9 +83,22 @@ func cProbe(t *testing.T, pkg string, headers []string, defs, body string) map[s
 	return got
 }
 
-// compareProbe fails the test for every name whose C and Go values differ,
-// and for every name only one side has.
-func compareProbe(t *testing.T, c map[string]int64, goSide map[string]int64) {
+// Layout collects the Go side of a comparison under the names the probe
+// prints: "sizeof s", "sizeof s.f", "offsetof s.f", or a constant's name.
+type Layout map[string]int64
+
+// Size records the size of struct s.
+func (g Layout) Size(s string, n uintptr) { g["sizeof "+s] = int64(n) }
+
+// Field records the size and offset of field f of struct s, as FIELD
+// prints them.
+func (g Layout) Field(s, f string, n, off uintptr) {
+	g["sizeof "+s+"."+f], g["offsetof "+s+"."+f] = int64(n), int64(off)
+}
+
+// Compare fails the test for every name whose C and Go values differ, for
+// every name only one side has, and if the probe printed nothing.
+func Compare(t testing.TB, c, goSide map[string]int64) {
 	t.Helper()
 	var names []string
 	for n := range c {

@@ -1,4 +1,16 @@
-package pvdrm
+// Package xenstore is a client of xenstore, Xen's configuration store: a
+// tree of small string values that the domains share, where the ends of a
+// split driver find each other. Client speaks the wire protocol of Xen's
+// io/xs_wire.h over one connection (dom0's daemon socket, or the kernel's
+// /dev/xen/xenbus in any domain): reads and writes, directories,
+// permissions, transactions that retry a conflicting commit, and watches.
+//
+// Nothing the peer sends is trusted: a malformed message ends the
+// connection with an error wrapping ErrProtocol, and a refused request
+// returns an *Error that errors.Is matches against its errno. The wire
+// codec (Msg, ReadMsg) is exported for the other end of the protocol; the
+// in-process daemon that tests use is package xenstoretest.
+package xenstore
 
 import (
 	"bufio"
@@ -18,27 +30,27 @@ import (
 // Where a xenstore connection is opened: dom0's daemon socket, or the
 // kernel's xenbus device (in any domain).
 const (
-	XenstoredSocketPath = "/run/xenstored/socket"
-	XenbusDevPath       = "/dev/xen/xenbus"
+	SocketPath = "/run/xenstored/socket"
+	DevPath    = "/dev/xen/xenbus"
 )
 
 // Client tuning.
 const (
-	// xsWatchBuffer is how many watch events wait for a slow consumer
-	// before more are dropped (see XenstoreWatch.Events).
-	xsWatchBuffer = 16
-	// xsTransactionRetries bounds the restarts of a transaction the
+	// watchBuffer is how many watch events wait for a slow consumer
+	// before more are dropped (see Watch.Events).
+	watchBuffer = 16
+	// transactionRetries bounds the restarts of a transaction the
 	// daemon ended with EAGAIN (a conflicting commit).
-	xsTransactionRetries = 16
-	// xsEndTimeout bounds ending a transaction whose context is done.
-	xsEndTimeout = 5 * time.Second
+	transactionRetries = 16
+	// endTimeout bounds ending a transaction whose context is done.
+	endTimeout = 5 * time.Second
 )
 
-// Xenstore is a xenstore client over one connection (the daemon's Unix
+// Client is a xenstore client over one connection (the daemon's Unix
 // socket or /dev/xen/xenbus). Requests may be issued concurrently; each
 // carries its own request id, and one reader goroutine hands each reply to
 // its request and each watch event to its watch. Safe for concurrent use.
-type Xenstore struct {
+type Client struct {
 	w      io.Writer
 	closer io.Closer
 	wmu    sync.Mutex // one message written at a time
@@ -46,50 +58,50 @@ type Xenstore struct {
 	mu      sync.Mutex
 	nextReq uint32
 	nextTok uint64
-	pending map[uint32]chan xsMsg
-	watches map[string]*XenstoreWatch // by token
-	err     error                     // why the connection ended, once it has
-	done    chan struct{}             // closed when it ended
+	pending map[uint32]chan Msg
+	watches map[string]*Watch // by token
+	err     error             // why the connection ended, once it has
+	done    chan struct{}     // closed when it ended
 }
 
-// ErrXenstoreClosed is returned for requests after Close.
-var ErrXenstoreClosed = errors.New("xenstore connection closed")
+// ErrClosed is returned for requests after Close.
+var ErrClosed = errors.New("xenstore connection closed")
 
-// NewXenstore runs the protocol over rw (closed by Close if it is an
+// NewClient runs the protocol over rw (closed by Close if it is an
 // io.Closer; if it is not, the reader goroutine ends only when a read
 // fails).
-func NewXenstore(rw io.ReadWriter) *Xenstore {
-	c := &Xenstore{
+func NewClient(rw io.ReadWriter) *Client {
+	c := &Client{
 		w:       rw,
-		pending: make(map[uint32]chan xsMsg),
-		watches: make(map[string]*XenstoreWatch),
+		pending: make(map[uint32]chan Msg),
+		watches: make(map[string]*Watch),
 		done:    make(chan struct{}),
 	}
 	if cl, ok := rw.(io.Closer); ok {
 		c.closer = cl
 	}
-	go c.readLoop(bufio.NewReaderSize(rw, xsHeaderSize+XenstorePayloadMax))
+	go c.readLoop(bufio.NewReaderSize(rw, headerSize+PayloadMax))
 	return c
 }
 
-// OpenXenstore connects to xenstore: to the daemon's socket if there is one
+// Open connects to xenstore: to the daemon's socket if there is one
 // (dom0), otherwise through the kernel's /dev/xen/xenbus.
-func OpenXenstore() (*Xenstore, error) {
-	conn, sockErr := net.Dial("unix", XenstoredSocketPath)
+func Open() (*Client, error) {
+	conn, sockErr := net.Dial("unix", SocketPath)
 	if sockErr == nil {
-		return NewXenstore(conn), nil
+		return NewClient(conn), nil
 	}
-	f, devErr := os.OpenFile(XenbusDevPath, os.O_RDWR, 0)
+	f, devErr := os.OpenFile(DevPath, os.O_RDWR, 0)
 	if devErr != nil {
 		return nil, fmt.Errorf("xenstore: no xenstore here (is this a Xen domain?): %w; %w", sockErr, devErr)
 	}
-	return NewXenstore(f), nil
+	return NewClient(f), nil
 }
 
 // Close ends the connection: pending requests fail and watch channels are
 // closed.
-func (c *Xenstore) Close() error {
-	c.shutdown(ErrXenstoreClosed)
+func (c *Client) Close() error {
+	c.shutdown(ErrClosed)
 	if c.closer != nil {
 		return c.closer.Close()
 	}
@@ -97,14 +109,14 @@ func (c *Xenstore) Close() error {
 }
 
 // Err returns why the connection ended, or nil while it is up.
-func (c *Xenstore) Err() error {
+func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
 }
 
 // shutdown ends the client once, with err.
-func (c *Xenstore) shutdown(err error) {
+func (c *Client) shutdown(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -121,14 +133,14 @@ func (c *Xenstore) shutdown(err error) {
 // readLoop demultiplexes what the daemon sends: watch events to their
 // watches, replies to their requests by req_id. A malformed message ends
 // the connection.
-func (c *Xenstore) readLoop(r io.Reader) {
+func (c *Client) readLoop(r io.Reader) {
 	for {
-		m, err := readXsMsg(r)
+		m, err := ReadMsg(r)
 		if err != nil {
 			c.shutdown(fmt.Errorf("xenstore connection: %w", err))
 			return
 		}
-		if m.Type == xsWatchEvent {
+		if m.Type == MsgWatchEvent {
 			c.deliverWatch(m.Payload)
 			continue
 		}
@@ -145,7 +157,7 @@ func (c *Xenstore) readLoop(r io.Reader) {
 // deliverWatch hands a watch event to its watch without blocking the
 // reader: a full channel drops the event (the consumer has undelivered
 // events and will re-read). Malformed events and unknown tokens are dropped.
-func (c *Xenstore) deliverWatch(p []byte) {
+func (c *Client) deliverWatch(p []byte) {
 	path, tok, err := parseWatchEvent(p)
 	if err != nil {
 		return
@@ -161,14 +173,14 @@ func (c *Xenstore) deliverWatch(p []byte) {
 }
 
 // request sends one message and waits for its reply. An XS_ERROR reply is
-// returned as *XenstoreError; a reply of another type than the request's
+// returned as *Error; a reply of another type than the request's
 // is a protocol error.
-func (c *Xenstore) request(ctx context.Context, typ xsType, tx uint32, path string, payload []byte) ([]byte, error) {
+func (c *Client) request(ctx context.Context, typ MsgType, tx uint32, path string, payload []byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("xenstore %v %s: %w", typ, path, err)
 	}
-	m := xsMsg{Type: typ, TxID: tx, Payload: payload}
-	ch := make(chan xsMsg, 1)
+	m := Msg{Type: typ, TxID: tx, Payload: payload}
+	ch := make(chan Msg, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -184,7 +196,7 @@ func (c *Xenstore) request(ctx context.Context, typ xsType, tx uint32, path stri
 	c.pending[m.ReqID] = ch
 	c.mu.Unlock()
 
-	b, err := m.marshal()
+	b, err := m.Marshal()
 	if err == nil {
 		c.wmu.Lock()
 		_, err = c.w.Write(b)
@@ -196,15 +208,15 @@ func (c *Xenstore) request(ctx context.Context, typ xsType, tx uint32, path stri
 	}
 	select {
 	case r := <-ch:
-		if r.Type == xsError {
-			name, err := parseXsError(r.Payload)
+		if r.Type == MsgError {
+			name, err := parseError(r.Payload)
 			if err != nil {
 				return nil, fmt.Errorf("xenstore %v %s: %w", typ, path, err)
 			}
-			return nil, &XenstoreError{Op: typ.String(), Path: path, Errno: name}
+			return nil, &Error{Op: typ.String(), Path: path, Errno: name}
 		}
 		if r.Type != typ {
-			return nil, fmt.Errorf("xenstore %v %s: %w: answered with %v", typ, path, ErrXenstoreProtocol, r.Type)
+			return nil, fmt.Errorf("xenstore %v %s: %w: answered with %v", typ, path, ErrProtocol, r.Type)
 		}
 		return r.Payload, nil
 	case <-ctx.Done():
@@ -215,60 +227,60 @@ func (c *Xenstore) request(ctx context.Context, typ xsType, tx uint32, path stri
 	}
 }
 
-func (c *Xenstore) forget(id uint32) {
+func (c *Client) forget(id uint32) {
 	c.mu.Lock()
 	delete(c.pending, id)
 	c.mu.Unlock()
 }
 
 // expectOK checks the "OK" reply of a request that returns nothing.
-func expectOK(typ xsType, path string, p []byte, err error) error {
+func expectOK(typ MsgType, path string, p []byte, err error) error {
 	if err != nil {
 		return err
 	}
 	if s := string(p); s != "OK\x00" && s != "OK" {
-		return fmt.Errorf("xenstore %v %s: %w: reply %q, want OK", typ, path, ErrXenstoreProtocol, s)
+		return fmt.Errorf("xenstore %v %s: %w: reply %q, want OK", typ, path, ErrProtocol, s)
 	}
 	return nil
 }
 
-// XenstoreTx reads and writes the store inside one transaction, or outside
-// any (its zero id: how the Xenstore methods use it).
-type XenstoreTx struct {
-	c  *Xenstore
+// Tx reads and writes the store inside one transaction, or outside
+// any (its zero id: how the Client methods use it).
+type Tx struct {
+	c  *Client
 	id uint32
 }
 
 // Read returns the value of path.
-func (t XenstoreTx) Read(ctx context.Context, path string) (string, error) {
-	if err := checkXsPath(path); err != nil {
+func (t Tx) Read(ctx context.Context, path string) (string, error) {
+	if err := checkPath(path); err != nil {
 		return "", err
 	}
-	p, err := t.c.request(ctx, xsRead, t.id, path, append([]byte(path), 0))
+	p, err := t.c.request(ctx, MsgRead, t.id, path, append([]byte(path), 0))
 	return string(p), err
 }
 
 // Write sets the value of path, creating it (and its parents) if needed.
-func (t XenstoreTx) Write(ctx context.Context, path, value string) error {
-	if err := checkXsPath(path); err != nil {
+func (t Tx) Write(ctx context.Context, path, value string) error {
+	if err := checkPath(path); err != nil {
 		return err
 	}
-	p, err := t.c.request(ctx, xsWrite, t.id, path, append(append([]byte(path), 0), value...))
-	return expectOK(xsWrite, path, p, err)
+	p, err := t.c.request(ctx, MsgWrite, t.id, path, append(append([]byte(path), 0), value...))
+	return expectOK(MsgWrite, path, p, err)
 }
 
 // Mkdir creates path (with an empty value) if it does not exist.
-func (t XenstoreTx) Mkdir(ctx context.Context, path string) error {
-	return t.pathOnly(ctx, xsMkdir, path)
+func (t Tx) Mkdir(ctx context.Context, path string) error {
+	return t.pathOnly(ctx, MsgMkdir, path)
 }
 
 // Rm removes path and everything under it.
-func (t XenstoreTx) Rm(ctx context.Context, path string) error {
-	return t.pathOnly(ctx, xsRm, path)
+func (t Tx) Rm(ctx context.Context, path string) error {
+	return t.pathOnly(ctx, MsgRm, path)
 }
 
-func (t XenstoreTx) pathOnly(ctx context.Context, typ xsType, path string) error {
-	if err := checkXsPath(path); err != nil {
+func (t Tx) pathOnly(ctx context.Context, typ MsgType, path string) error {
+	if err := checkPath(path); err != nil {
 		return err
 	}
 	p, err := t.c.request(ctx, typ, t.id, path, append([]byte(path), 0))
@@ -276,15 +288,15 @@ func (t XenstoreTx) pathOnly(ctx context.Context, typ xsType, path string) error
 }
 
 // Directory lists the names of path's children.
-func (t XenstoreTx) Directory(ctx context.Context, path string) ([]string, error) {
-	if err := checkXsPath(path); err != nil {
+func (t Tx) Directory(ctx context.Context, path string) ([]string, error) {
+	if err := checkPath(path); err != nil {
 		return nil, err
 	}
-	p, err := t.c.request(ctx, xsDirectory, t.id, path, append([]byte(path), 0))
+	p, err := t.c.request(ctx, MsgDirectory, t.id, path, append([]byte(path), 0))
 	if err != nil {
 		return nil, err
 	}
-	names, err := xsStrings(p)
+	names, err := splitStrings(p)
 	if err != nil {
 		return nil, fmt.Errorf("xenstore XS_DIRECTORY %s: %w", path, err)
 	}
@@ -293,68 +305,68 @@ func (t XenstoreTx) Directory(ctx context.Context, path string) ([]string, error
 	}
 	for _, n := range names {
 		if n == "" || strings.IndexByte(n, '/') >= 0 {
-			return nil, fmt.Errorf("xenstore XS_DIRECTORY %s: %w: child name %q", path, ErrXenstoreProtocol, n)
+			return nil, fmt.Errorf("xenstore XS_DIRECTORY %s: %w: child name %q", path, ErrProtocol, n)
 		}
 	}
 	return names, nil
 }
 
 // SetPerms replaces path's permission list.
-func (t XenstoreTx) SetPerms(ctx context.Context, path string, perms ...XenstorePerm) error {
-	if err := checkXsPath(path); err != nil {
+func (t Tx) SetPerms(ctx context.Context, path string, perms ...Perm) error {
+	if err := checkPath(path); err != nil {
 		return err
 	}
 	b, err := setPermsPayload(path, perms)
 	if err != nil {
 		return err
 	}
-	p, err := t.c.request(ctx, xsSetPerms, t.id, path, b)
-	return expectOK(xsSetPerms, path, p, err)
+	p, err := t.c.request(ctx, MsgSetPerms, t.id, path, b)
+	return expectOK(MsgSetPerms, path, p, err)
 }
 
-func (c *Xenstore) root() XenstoreTx { return XenstoreTx{c: c} }
+func (c *Client) root() Tx { return Tx{c: c} }
 
 // Read returns the value of path.
-func (c *Xenstore) Read(ctx context.Context, path string) (string, error) {
+func (c *Client) Read(ctx context.Context, path string) (string, error) {
 	return c.root().Read(ctx, path)
 }
 
 // Write sets the value of path, creating it (and its parents) if needed.
-func (c *Xenstore) Write(ctx context.Context, path, value string) error {
+func (c *Client) Write(ctx context.Context, path, value string) error {
 	return c.root().Write(ctx, path, value)
 }
 
 // Mkdir creates path if it does not exist.
-func (c *Xenstore) Mkdir(ctx context.Context, path string) error {
+func (c *Client) Mkdir(ctx context.Context, path string) error {
 	return c.root().Mkdir(ctx, path)
 }
 
 // Rm removes path and everything under it.
-func (c *Xenstore) Rm(ctx context.Context, path string) error { return c.root().Rm(ctx, path) }
+func (c *Client) Rm(ctx context.Context, path string) error { return c.root().Rm(ctx, path) }
 
 // Directory lists the names of path's children.
-func (c *Xenstore) Directory(ctx context.Context, path string) ([]string, error) {
+func (c *Client) Directory(ctx context.Context, path string) ([]string, error) {
 	return c.root().Directory(ctx, path)
 }
 
 // SetPerms replaces path's permission list.
-func (c *Xenstore) SetPerms(ctx context.Context, path string, perms ...XenstorePerm) error {
+func (c *Client) SetPerms(ctx context.Context, path string, perms ...Perm) error {
 	return c.root().SetPerms(ctx, path, perms...)
 }
 
 // GetDomainPath returns a domain's home path (/local/domain/<domid>).
-func (c *Xenstore) GetDomainPath(ctx context.Context, domid uint16) (string, error) {
+func (c *Client) GetDomainPath(ctx context.Context, domid uint16) (string, error) {
 	arg := fmt.Sprintf("%d", domid)
-	p, err := c.request(ctx, xsGetDomainPath, 0, arg, append([]byte(arg), 0))
+	p, err := c.request(ctx, MsgGetDomainPath, 0, arg, append([]byte(arg), 0))
 	if err != nil {
 		return "", err
 	}
-	s, err := xsOneString(p)
+	s, err := oneString(p)
 	if err == nil && !strings.HasPrefix(s, "/") {
-		err = fmt.Errorf("%w: domain path %q is not absolute", ErrXenstoreProtocol, s)
+		err = fmt.Errorf("%w: domain path %q is not absolute", ErrProtocol, s)
 	}
 	if err == nil {
-		err = checkXsPath(s)
+		err = checkPath(s)
 	}
 	if err != nil {
 		return "", fmt.Errorf("xenstore XS_GET_DOMAIN_PATH %d: %w", domid, err)
@@ -366,47 +378,47 @@ func (c *Xenstore) GetDomainPath(ctx context.Context, domid uint16) (string, err
 // transaction is abandoned and fn's error returned; if the daemon refuses
 // the commit with EAGAIN (another commit touched the same nodes) fn runs
 // again, up to a bound. fn must not keep tx.
-func (c *Xenstore) Transaction(ctx context.Context, fn func(tx XenstoreTx) error) error {
+func (c *Client) Transaction(ctx context.Context, fn func(tx Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		p, err := c.request(ctx, xsTransactionStart, 0, "", []byte{0})
+		p, err := c.request(ctx, MsgTransactionStart, 0, "", []byte{0})
 		if err != nil {
 			return err
 		}
-		s, err := xsOneString(p)
+		s, err := oneString(p)
 		var id uint64
 		if err == nil {
-			id, err = parseXsUint(s, 1<<32-1)
+			id, err = ParseUint(s, 1<<32-1)
 		}
 		if err == nil && id == 0 {
 			err = errors.New("transaction id 0")
 		}
 		if err != nil {
-			return fmt.Errorf("xenstore XS_TRANSACTION_START: %w: %w", ErrXenstoreProtocol, err)
+			return fmt.Errorf("xenstore XS_TRANSACTION_START: %w: %w", ErrProtocol, err)
 		}
-		tx := XenstoreTx{c: c, id: uint32(id)}
+		tx := Tx{c: c, id: uint32(id)}
 		ferr := fn(tx)
 		if ferr == nil && ctx.Err() != nil {
 			ferr = fmt.Errorf("xenstore transaction: %w", ctx.Err())
 		}
 		if ferr != nil {
 			// Abandon it even past ctx, or the daemon keeps it open.
-			endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), xsEndTimeout)
-			_, _ = c.request(endCtx, xsTransactionEnd, tx.id, "", []byte("F\x00"))
+			endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
+			_, _ = c.request(endCtx, MsgTransactionEnd, tx.id, "", []byte("F\x00"))
 			cancel()
 			return ferr // an abandoned transaction's end error changes nothing
 		}
-		p, err = c.request(ctx, xsTransactionEnd, tx.id, "", []byte("T\x00"))
-		err = expectOK(xsTransactionEnd, "", p, err)
-		if errors.Is(err, unix.EAGAIN) && attempt < xsTransactionRetries {
+		p, err = c.request(ctx, MsgTransactionEnd, tx.id, "", []byte("T\x00"))
+		err = expectOK(MsgTransactionEnd, "", p, err)
+		if errors.Is(err, unix.EAGAIN) && attempt < transactionRetries {
 			continue
 		}
 		return err
 	}
 }
 
-// XenstoreWatch is a registered watch on a path and everything under it.
-type XenstoreWatch struct {
-	c     *Xenstore
+// Watch is a registered watch on a path and everything under it.
+type Watch struct {
+	c     *Client
 	path  string
 	token string
 	ch    chan string
@@ -414,8 +426,8 @@ type XenstoreWatch struct {
 
 // Watch registers a watch on path. The daemon sends one event at once, and
 // one for each later change to path or below it.
-func (c *Xenstore) Watch(ctx context.Context, path string) (*XenstoreWatch, error) {
-	if err := checkXsPath(path); err != nil {
+func (c *Client) Watch(ctx context.Context, path string) (*Watch, error) {
+	if err := checkPath(path); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -424,12 +436,12 @@ func (c *Xenstore) Watch(ctx context.Context, path string) (*XenstoreWatch, erro
 		return nil, fmt.Errorf("xenstore XS_WATCH %s: %w", path, c.err)
 	}
 	c.nextTok++
-	w := &XenstoreWatch{c: c, path: path, token: fmt.Sprintf("pvdrm-%d", c.nextTok), ch: make(chan string, xsWatchBuffer)}
+	w := &Watch{c: c, path: path, token: fmt.Sprintf("gpuvm-%d", c.nextTok), ch: make(chan string, watchBuffer)}
 	c.watches[w.token] = w // before the request: the first event may precede its reply
 	c.mu.Unlock()
 	payload := append(append(append([]byte(path), 0), w.token...), 0)
-	p, err := c.request(ctx, xsWatch, 0, path, payload)
-	if err = expectOK(xsWatch, path, p, err); err != nil {
+	p, err := c.request(ctx, MsgWatch, 0, path, payload)
+	if err = expectOK(MsgWatch, path, p, err); err != nil {
 		c.dropWatch(w)
 		return nil, err
 	}
@@ -440,21 +452,21 @@ func (c *Xenstore) Watch(ctx context.Context, path string) (*XenstoreWatch, erro
 // is closed when the watch is stopped or the connection ends (see Err).
 // Events beyond a small buffer are dropped while the consumer lags, so a
 // consumer re-reads what it watches on every event rather than count them.
-func (w *XenstoreWatch) Events() <-chan string { return w.ch }
+func (w *Watch) Events() <-chan string { return w.ch }
 
 // Stop removes the watch.
-func (w *XenstoreWatch) Stop(ctx context.Context) error {
+func (w *Watch) Stop(ctx context.Context) error {
 	if !w.c.dropWatch(w) {
 		return nil
 	}
 	payload := append(append(append([]byte(w.path), 0), w.token...), 0)
-	p, err := w.c.request(ctx, xsUnwatch, 0, w.path, payload)
-	return expectOK(xsUnwatch, w.path, p, err)
+	p, err := w.c.request(ctx, MsgUnwatch, 0, w.path, payload)
+	return expectOK(MsgUnwatch, w.path, p, err)
 }
 
 // dropWatch unregisters w and closes its channel; it reports whether w
 // was still registered.
-func (c *Xenstore) dropWatch(w *XenstoreWatch) bool {
+func (c *Client) dropWatch(w *Watch) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.watches[w.token] != w {

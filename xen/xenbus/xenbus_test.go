@@ -1,4 +1,4 @@
-package pvdrm
+package xenbus
 
 import (
 	"context"
@@ -8,63 +8,82 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuvm/gpuvm/xen"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
+	"github.com/gpuvm/gpuvm/xen/xenstore/xenstoretest"
 )
 
-// testDevice is front domain 5's device 0, backed by dom0.
-func testDevice() XenDevice { return XenDevice{FrontDomid: 5, BackDomid: 0, DevID: 0} }
+// testVersion is the protocol version both ends speak in the tests.
+const testVersion = 1
+
+// testDevice is front domain 5's vtest device 0, backed by dom0.
+func testDevice() Device { return Device{Type: "vtest", FrontDomid: 5, BackDomid: 0, DevID: 0} }
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
 
 // newTestDevice starts a test xenstored, creates the device as the
 // toolstack does, and returns the store and a connection per end.
-func newTestDevice(t *testing.T) (s *testXenstored, front, back *Xenstore) {
+func newTestDevice(t *testing.T) (s *xenstoretest.Server, front, back *xenstore.Client) {
 	t.Helper()
-	s = newTestXenstored()
-	if err := CreateXenDevice(testCtx(t), s.connect(t, 0), testDevice()); err != nil {
+	s = xenstoretest.NewServer()
+	if err := CreateDevice(testCtx(t), s.Connect(t, 0), testDevice()); err != nil {
 		t.Fatal(err)
 	}
-	return s, s.connect(t, testDevice().FrontDomid), s.connect(t, testDevice().BackDomid)
+	return s, s.Connect(t, testDevice().FrontDomid), s.Connect(t, testDevice().BackDomid)
 }
 
-func TestXenDevicePaths(t *testing.T) {
-	d := XenDevice{FrontDomid: 7, BackDomid: 3, DevID: 2}
+func TestDevicePaths(t *testing.T) {
+	d := Device{Type: "pvdrm", FrontDomid: 7, BackDomid: 3, DevID: 2}
 	if d.FrontendPath() != "/local/domain/7/device/pvdrm/2" || d.BackendPath() != "/local/domain/3/backend/pvdrm/7/2" {
 		t.Fatal(d.FrontendPath(), d.BackendPath())
 	}
-	if (XenDevice{FrontDomid: DomidFirstReserved}).check() == nil {
+	if d.check() != nil {
+		t.Fatal(d.check())
+	}
+	if (Device{Type: "pvdrm", FrontDomid: xen.DomidFirstReserved}).check() == nil {
 		t.Fatal("reserved domid accepted")
+	}
+	for _, typ := range []string{"", "a/b", "a b", "..", "é"} {
+		if (Device{Type: typ}).check() == nil {
+			t.Errorf("device type %q accepted", typ)
+		}
 	}
 }
 
-func TestXenbusCreateDevice(t *testing.T) {
+func TestCreateDevice(t *testing.T) {
 	s, _, _ := newTestDevice(t)
 	fp, bp := testDevice().FrontendPath(), testDevice().BackendPath()
 	for p, want := range map[string]string{
 		fp + "/backend": bp, fp + "/backend-id": "0", fp + "/state": "1",
 		bp + "/frontend": fp, bp + "/frontend-id": "5", bp + "/state": "1", bp + "/online": "1",
 	} {
-		if v, _ := s.get(p); v != want {
+		if v, _ := s.Get(p); v != want {
 			t.Errorf("%s = %q, want %q", p, v, want)
 		}
 	}
-	s.mu.Lock()
-	fperm, bperm := s.perms[fp], s.perms[bp]
-	s.mu.Unlock()
-	if fperm != "n5,r0," || bperm != "n0,r5," {
+	fperm, bperm := strings.Join(s.Perms(fp), ","), strings.Join(s.Perms(bp), ",")
+	if fperm != "n5,r0" || bperm != "n0,r5" {
 		t.Errorf("permissions %q and %q", fperm, bperm)
 	}
 }
 
 // handshake runs both ends to Connected and returns them.
-func handshake(t *testing.T, front, back *Xenstore, refs []uint32) (*XenbusFront, *XenbusBack, XenRing) {
+func handshake(t *testing.T, front, back *xenstore.Client, refs []uint32) (*Front, *Back, Ring) {
 	t.Helper()
 	ctx := testCtx(t)
 	type backResult struct {
-		b   *XenbusBack
-		r   XenRing
+		b   *Back
+		r   Ring
 		err error
 	}
 	done := make(chan backResult, 1)
 	go func() {
-		b, err := StartXenbusBack(ctx, back, testDevice())
+		b, err := StartBack(ctx, back, testDevice(), testVersion)
 		if err != nil {
 			done <- backResult{err: err}
 			return
@@ -75,11 +94,11 @@ func handshake(t *testing.T, front, back *Xenstore, refs []uint32) (*XenbusFront
 		}
 		done <- backResult{b, r, err}
 	}()
-	f, err := StartXenbusFront(ctx, front, testDevice().FrontDomid, testDevice().DevID)
+	f, err := StartFront(ctx, front, testDevice(), testVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Version() != Version || f.MaxRingPages() != MaxRingPages || f.Device() != testDevice() {
+	if f.Version() != testVersion || f.MaxRingPages() != 1<<MaxRingPageOrder || f.Device() != testDevice() {
 		t.Fatalf("front sees version %d, %d pages, %+v", f.Version(), f.MaxRingPages(), f.Device())
 	}
 	if err := f.Publish(ctx, refs, 33); err != nil {
@@ -95,31 +114,31 @@ func handshake(t *testing.T, front, back *Xenstore, refs []uint32) (*XenbusFront
 	return f, br.b, br.r
 }
 
-func TestXenbusHandshake(t *testing.T) {
+func TestHandshake(t *testing.T) {
 	for _, refs := range [][]uint32{{8}, {100, 101, 102, 103}, {9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 4294967295}} {
 		t.Run(fmt.Sprint(len(refs), " pages"), func(t *testing.T) {
 			s, front, back := newTestDevice(t)
 			ctx := testCtx(t)
 			f, b, r := handshake(t, front, back, refs)
-			if !slices.Equal(r.Refs, refs) || r.Port != 33 || r.Version != Version {
+			if !slices.Equal(r.Refs, refs) || r.Port != 33 || r.Version != testVersion {
 				t.Fatalf("back end read %+v", r)
 			}
 			fp := testDevice().FrontendPath()
 			if len(refs) > 1 {
-				if v, _ := s.get(fp + "/ring-page-order"); v == "" {
+				if v, _ := s.Get(fp + "/ring-page-order"); v == "" {
 					t.Fatal("no ring-page-order")
 				}
-			} else if v, _ := s.get(fp + "/ring-ref"); v != "8" {
+			} else if v, _ := s.Get(fp + "/ring-ref"); v != "8" {
 				t.Fatalf("ring-ref %q", v)
 			}
-			if st, err := b.PeerState(ctx); err != nil || st != XenbusStateConnected {
+			if st, err := b.PeerState(ctx); err != nil || st != StateConnected {
 				t.Fatalf("back sees the front %v, %v", st, err)
 			}
 
 			// The front end closes: it waits until the back end let go.
 			closing := make(chan error, 1)
 			go func() { closing <- f.Closing(ctx) }()
-			if st, err := b.WaitPeerClosing(ctx); err != nil || st != XenbusStateClosing {
+			if st, err := b.WaitPeerClosing(ctx); err != nil || st != StateClosing {
 				t.Fatalf("back end saw %v, %v", st, err)
 			}
 			select {
@@ -137,7 +156,7 @@ func TestXenbusHandshake(t *testing.T) {
 				t.Fatal(err)
 			}
 			var fs, bs []string
-			for _, e := range s.stateLog() {
+			for _, e := range s.StateLog() {
 				dir, st, _ := strings.Cut(e, "=")
 				switch dir {
 				case fp:
@@ -152,25 +171,25 @@ func TestXenbusHandshake(t *testing.T) {
 			if got := strings.Join(bs, ","); got != "1,2,4,5,6" {
 				t.Errorf("back states %s", got)
 			}
-			if err := RemoveXenDevice(ctx, s.connect(t, 0), testDevice()); err != nil {
+			if err := RemoveDevice(ctx, s.Connect(t, 0), testDevice()); err != nil {
 				t.Fatal(err)
 			}
 			if err := f.Closed(ctx); err != nil {
 				t.Fatal("Closed after the device was removed:", err)
 			}
-			if err := switchState(ctx, front, fp, XenbusStateConnected, nil); !isNotExist(err) {
+			if err := switchState(ctx, front, fp, StateConnected, nil); !isNotExist(err) {
 				t.Fatalf("switching a removed device: %v", err)
 			}
-			if _, there := s.get(fp + "/state"); there {
+			if _, there := s.Get(fp + "/state"); there {
 				t.Fatal("a removed device was recreated")
 			}
 		})
 	}
 }
 
-// TestXenbusBackRefusesFront has a hostile front end write what it likes
+// TestBackRefusesFront has a hostile front end write what it likes
 // where the back end reads: every value is refused, with the key named.
-func TestXenbusBackRefusesFront(t *testing.T) {
+func TestBackRefusesFront(t *testing.T) {
 	fp := testDevice().FrontendPath()
 	good := map[string]string{"protocol-version": "1", "ring-ref": "8", "event-channel": "33", "state": "3"}
 	for _, tc := range []struct{ key, val string }{
@@ -183,14 +202,14 @@ func TestXenbusBackRefusesFront(t *testing.T) {
 		t.Run(tc.key+"="+tc.val, func(t *testing.T) {
 			s, _, back := newTestDevice(t)
 			ctx := testCtx(t)
-			b, err := StartXenbusBack(ctx, back, testDevice())
+			b, err := StartBack(ctx, back, testDevice(), testVersion)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for k, v := range good {
-				s.set(fp+"/"+k, v)
+				s.Set(fp+"/"+k, v)
 			}
-			s.set(fp+"/"+tc.key, tc.val)
+			s.Set(fp+"/"+tc.key, tc.val)
 			_, err = b.WaitRing(ctx)
 			if err == nil || !strings.Contains(err.Error(), "ring-ref") && !strings.Contains(err.Error(), tc.key) {
 				t.Fatalf("accepted, or no key named: %v", err)
@@ -200,7 +219,7 @@ func TestXenbusBackRefusesFront(t *testing.T) {
 	}
 }
 
-func TestXenbusPeerChecks(t *testing.T) {
+func TestPeerChecks(t *testing.T) {
 	fp, bp := testDevice().FrontendPath(), testDevice().BackendPath()
 	for _, tc := range []struct {
 		path, val string
@@ -210,19 +229,19 @@ func TestXenbusPeerChecks(t *testing.T) {
 		{fp + "/backend-id", "32752", true},
 		{fp + "/backend-id", "1", true}, // disagrees with backend
 		{fp + "/backend-id", "00", true},
-		{bp + "/frontend", "/local/domain/6/device/pvdrm/0", false},
+		{bp + "/frontend", "/local/domain/6/device/vtest/0", false},
 		{bp + "/frontend-id", "6", false},
 	} {
 		t.Run(tc.path+"="+tc.val, func(t *testing.T) {
 			s, front, back := newTestDevice(t)
 			ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
 			defer cancel()
-			s.set(tc.path, tc.val)
+			s.Set(tc.path, tc.val)
 			var err error
 			if tc.front {
-				_, err = StartXenbusFront(ctx, front, testDevice().FrontDomid, testDevice().DevID)
+				_, err = StartFront(ctx, front, testDevice(), testVersion)
 			} else {
-				_, err = StartXenbusBack(ctx, back, testDevice())
+				_, err = StartBack(ctx, back, testDevice(), testVersion)
 			}
 			if err == nil || errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("accepted: %v", err)
@@ -232,14 +251,14 @@ func TestXenbusPeerChecks(t *testing.T) {
 	}
 }
 
-func TestXenbusPeerCloses(t *testing.T) {
+func TestPeerCloses(t *testing.T) {
 	s, front, back := newTestDevice(t)
 	ctx := testCtx(t)
-	b, err := StartXenbusBack(ctx, back, testDevice())
+	b, err := StartBack(ctx, back, testDevice(), testVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := StartXenbusFront(ctx, front, testDevice().FrontDomid, testDevice().DevID)
+	f, err := StartFront(ctx, front, testDevice(), testVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,60 +269,94 @@ func TestXenbusPeerCloses(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 		_ = b.Closing(ctx) // the back end gives up instead of connecting
 	}()
-	if err := f.WaitConnected(ctx); !errors.Is(err, ErrXenbusPeerClosed) {
+	if err := f.WaitConnected(ctx); !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("front end waiting for a closing back end: %v", err)
 	}
 	// A front end that closes while the back end waits for its ring.
-	s.set(testDevice().FrontendPath()+"/state", "5")
-	if _, err := b.WaitRing(ctx); !errors.Is(err, ErrXenbusPeerClosed) {
+	s.Set(testDevice().FrontendPath()+"/state", "5")
+	if _, err := b.WaitRing(ctx); !errors.Is(err, ErrPeerClosed) {
 		t.Fatalf("back end waiting for a closing front end: %v", err)
 	}
 	if err := f.Publish(ctx, []uint32{8, 9, 10}, 1); err == nil {
 		t.Fatal("three ring pages accepted")
 	}
-	if err := f.Publish(ctx, []uint32{8}, EvtchnPortMax+1); err == nil {
+	if err := f.Publish(ctx, []uint32{8}, xen.EvtchnPortMax+1); err == nil {
 		t.Fatal("port out of range accepted")
 	}
 }
 
-func TestXenbusWaitIsBounded(t *testing.T) {
+func TestWaitIsBounded(t *testing.T) {
 	_, front, back := newTestDevice(t)
 	ctx, cancel := context.WithTimeout(testCtx(t), 50*time.Millisecond)
 	defer cancel()
 	// No back end runs: the front end waits for InitWait until ctx ends.
-	if _, err := StartXenbusFront(ctx, front, testDevice().FrontDomid, testDevice().DevID); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := StartFront(ctx, front, testDevice(), testVersion); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v", err)
 	}
 	// The connection ends while the back end waits.
-	b, err := StartXenbusBack(testCtx(t), back, testDevice())
+	b, err := StartBack(testCtx(t), back, testDevice(), testVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { time.Sleep(10 * time.Millisecond); back.Close() }()
-	if _, err := b.WaitRing(testCtx(t)); !errors.Is(err, ErrXenstoreClosed) {
+	if _, err := b.WaitRing(testCtx(t)); !errors.Is(err, xenstore.ErrClosed) {
 		t.Fatalf("got %v", err)
 	}
 }
 
 func TestSelfDomid(t *testing.T) {
-	s := newTestXenstored()
-	xs := s.connect(t, 5)
+	s := xenstoretest.NewServer()
+	xs := s.Connect(t, 5)
 	ctx := testCtx(t)
 	if _, err := SelfDomid(ctx, xs); !isNotExist(err) {
 		t.Fatalf("no domid key: %v", err)
 	}
-	s.set("/local/domain/5/domid", "5")
+	s.Set("/local/domain/5/domid", "5")
 	if id, err := SelfDomid(ctx, xs); err != nil || id != 5 {
 		t.Fatalf("domid %d, %v", id, err)
 	}
-	s.set("/local/domain/5/domid", "65535")
+	s.Set("/local/domain/5/domid", "65535")
 	if _, err := SelfDomid(ctx, xs); err == nil {
 		t.Fatal("reserved domid accepted")
 	}
 }
 
-func TestXenbusStateString(t *testing.T) {
-	if XenbusStateInitWait.String() != "InitWait" || XenbusState(9).String() != "XenbusState(9)" {
+func TestStateString(t *testing.T) {
+	if StateInitWait.String() != "InitWait" || State(9).String() != "State(9)" {
 		t.Fatal("state names")
+	}
+}
+
+// TestVersions: each end passes the highest protocol version it speaks;
+// the front end settles on the lower of the two, and a back end reads the
+// agreed version back.
+func TestVersions(t *testing.T) {
+	for _, tc := range []struct{ front, back, agreed uint32 }{{2, 3, 2}, {5, 1, 1}, {4, 4, 4}} {
+		_, front, back := newTestDevice(t)
+		ctx := testCtx(t)
+		b, err := StartBack(ctx, back, testDevice(), tc.back)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := StartFront(ctx, front, testDevice(), tc.front)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Version() != tc.agreed {
+			t.Fatalf("front %d, back %d: agreed on %d", tc.front, tc.back, f.Version())
+		}
+		if err := f.Publish(ctx, []uint32{8}, 1); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := b.WaitRing(ctx); err != nil || r.Version != tc.agreed {
+			t.Fatalf("front %d, back %d: back end read %+v, %v", tc.front, tc.back, r, err)
+		}
+	}
+	_, front, back := newTestDevice(t)
+	if _, err := StartFront(testCtx(t), front, testDevice(), 0); err == nil {
+		t.Fatal("front end of version 0")
+	}
+	if _, err := StartBack(testCtx(t), back, testDevice(), 0); err == nil {
+		t.Fatal("back end of version 0")
 	}
 }

@@ -1,25 +1,18 @@
 //go:build linux && (amd64 || arm64)
 
-package pvdrm
+package xen
 
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/gpuvm/gpuvm/internal/cprobe"
 )
 
-// goLayout collects the Go side of a layout comparison under the names the
-// C probe prints.
-type goLayout map[string]int64
-
-func (g goLayout) size(s string, n uintptr) { g["sizeof "+s] = int64(n) }
-func (g goLayout) field(s, f string, n, off uintptr) {
-	g["sizeof "+s+"."+f], g["offsetof "+s+"."+f] = int64(n), int64(off)
-}
-
-// TestXenABI checks every size, offset, ioctl number and flag of
-// xen_abi.go against the kernel's uapi headers, compiled by gcc.
-func TestXenABI(t *testing.T) {
-	c := cProbe(t, "linux-libc-dev", []string{"linux/types.h", "xen/gntalloc.h", "xen/gntdev.h", "xen/evtchn.h"},
+// TestABI checks every size, offset, ioctl number and flag of abi.go
+// against the kernel's uapi headers, compiled by gcc.
+func TestABI(t *testing.T) {
+	c := cprobe.Run(t, "linux-libc-dev", []string{"linux/types.h", "xen/gntalloc.h", "xen/gntdev.h", "xen/evtchn.h"},
 		// The headers need _IOC from linux/ioctl.h, and gntdev.h and evtchn.h
 		// use Xen's own types without defining them.
 		"#include <linux/types.h>\n#include <linux/ioctl.h>\ntypedef uint32_t grant_ref_t;\ntypedef uint16_t domid_t;\n", `
@@ -67,62 +60,62 @@ func TestXenABI(t *testing.T) {
 	P("IOCTL_EVTCHN_RESET", IOCTL_EVTCHN_RESET);
 	P("sizeof evtchn_port_t", sizeof(unsigned int));`)
 
-	g := goLayout{}
+	g := cprobe.Layout{}
 	var ag gntallocAllocGref
-	g.size("ioctl_gntalloc_alloc_gref", unsafe.Sizeof(ag))
-	g.field("ioctl_gntalloc_alloc_gref", "domid", unsafe.Sizeof(ag.Domid), unsafe.Offsetof(ag.Domid))
-	g.field("ioctl_gntalloc_alloc_gref", "flags", unsafe.Sizeof(ag.Flags), unsafe.Offsetof(ag.Flags))
-	g.field("ioctl_gntalloc_alloc_gref", "count", unsafe.Sizeof(ag.Count), unsafe.Offsetof(ag.Count))
-	g.field("ioctl_gntalloc_alloc_gref", "index", unsafe.Sizeof(ag.Index), unsafe.Offsetof(ag.Index))
-	g.field("ioctl_gntalloc_alloc_gref", "gref_ids", unsafe.Sizeof(ag.GrefIDs), unsafe.Offsetof(ag.GrefIDs))
+	g.Size("ioctl_gntalloc_alloc_gref", unsafe.Sizeof(ag))
+	g.Field("ioctl_gntalloc_alloc_gref", "domid", unsafe.Sizeof(ag.Domid), unsafe.Offsetof(ag.Domid))
+	g.Field("ioctl_gntalloc_alloc_gref", "flags", unsafe.Sizeof(ag.Flags), unsafe.Offsetof(ag.Flags))
+	g.Field("ioctl_gntalloc_alloc_gref", "count", unsafe.Sizeof(ag.Count), unsafe.Offsetof(ag.Count))
+	g.Field("ioctl_gntalloc_alloc_gref", "index", unsafe.Sizeof(ag.Index), unsafe.Offsetof(ag.Index))
+	g.Field("ioctl_gntalloc_alloc_gref", "gref_ids", unsafe.Sizeof(ag.GrefIDs), unsafe.Offsetof(ag.GrefIDs))
 	var dg gntallocDeallocGref
-	g.size("ioctl_gntalloc_dealloc_gref", unsafe.Sizeof(dg))
-	g.field("ioctl_gntalloc_dealloc_gref", "index", unsafe.Sizeof(dg.Index), unsafe.Offsetof(dg.Index))
-	g.field("ioctl_gntalloc_dealloc_gref", "count", unsafe.Sizeof(dg.Count), unsafe.Offsetof(dg.Count))
+	g.Size("ioctl_gntalloc_dealloc_gref", unsafe.Sizeof(dg))
+	g.Field("ioctl_gntalloc_dealloc_gref", "index", unsafe.Sizeof(dg.Index), unsafe.Offsetof(dg.Index))
+	g.Field("ioctl_gntalloc_dealloc_gref", "count", unsafe.Sizeof(dg.Count), unsafe.Offsetof(dg.Count))
 	var an gntallocUnmapNotify
 	for _, s := range []string{"ioctl_gntalloc_unmap_notify", "ioctl_gntdev_unmap_notify"} {
-		g.size(s, unsafe.Sizeof(an))
-		g.field(s, "index", unsafe.Sizeof(an.Index), unsafe.Offsetof(an.Index))
-		g.field(s, "action", unsafe.Sizeof(an.Action), unsafe.Offsetof(an.Action))
-		g.field(s, "event_channel_port", unsafe.Sizeof(an.EventChannelPort), unsafe.Offsetof(an.EventChannelPort))
+		g.Size(s, unsafe.Sizeof(an))
+		g.Field(s, "index", unsafe.Sizeof(an.Index), unsafe.Offsetof(an.Index))
+		g.Field(s, "action", unsafe.Sizeof(an.Action), unsafe.Offsetof(an.Action))
+		g.Field(s, "event_channel_port", unsafe.Sizeof(an.EventChannelPort), unsafe.Offsetof(an.EventChannelPort))
 	}
 	g["IOCTL_GNTALLOC_ALLOC_GREF"] = int64(ioctlGntallocAllocGref)
 	g["IOCTL_GNTALLOC_DEALLOC_GREF"] = int64(ioctlGntallocDeallocGref)
 	g["IOCTL_GNTALLOC_SET_UNMAP_NOTIFY"] = int64(ioctlGntallocSetUnmapNotify)
 	g["GNTALLOC_FLAG_WRITABLE"] = gntallocFlagWritable
-	g["UNMAP_NOTIFY_CLEAR_BYTE"] = unmapNotifyClearByte
-	g["UNMAP_NOTIFY_SEND_EVENT"] = unmapNotifySendEvent
+	g["UNMAP_NOTIFY_CLEAR_BYTE"] = UnmapNotifyClearByte
+	g["UNMAP_NOTIFY_SEND_EVENT"] = UnmapNotifySendEvent
 
 	var gr gntdevGrantRef
-	g.size("ioctl_gntdev_grant_ref", unsafe.Sizeof(gr))
-	g.field("ioctl_gntdev_grant_ref", "domid", unsafe.Sizeof(gr.Domid), unsafe.Offsetof(gr.Domid))
-	g.field("ioctl_gntdev_grant_ref", "ref", unsafe.Sizeof(gr.Ref), unsafe.Offsetof(gr.Ref))
+	g.Size("ioctl_gntdev_grant_ref", unsafe.Sizeof(gr))
+	g.Field("ioctl_gntdev_grant_ref", "domid", unsafe.Sizeof(gr.Domid), unsafe.Offsetof(gr.Domid))
+	g.Field("ioctl_gntdev_grant_ref", "ref", unsafe.Sizeof(gr.Ref), unsafe.Offsetof(gr.Ref))
 	var mg gntdevMapGrantRef
-	g.size("ioctl_gntdev_map_grant_ref", unsafe.Sizeof(mg))
-	g.field("ioctl_gntdev_map_grant_ref", "count", unsafe.Sizeof(mg.Count), unsafe.Offsetof(mg.Count))
-	g.field("ioctl_gntdev_map_grant_ref", "pad", unsafe.Sizeof(mg.Pad), unsafe.Offsetof(mg.Pad))
-	g.field("ioctl_gntdev_map_grant_ref", "index", unsafe.Sizeof(mg.Index), unsafe.Offsetof(mg.Index))
-	g.field("ioctl_gntdev_map_grant_ref", "refs", unsafe.Sizeof(mg.Refs), unsafe.Offsetof(mg.Refs))
+	g.Size("ioctl_gntdev_map_grant_ref", unsafe.Sizeof(mg))
+	g.Field("ioctl_gntdev_map_grant_ref", "count", unsafe.Sizeof(mg.Count), unsafe.Offsetof(mg.Count))
+	g.Field("ioctl_gntdev_map_grant_ref", "pad", unsafe.Sizeof(mg.Pad), unsafe.Offsetof(mg.Pad))
+	g.Field("ioctl_gntdev_map_grant_ref", "index", unsafe.Sizeof(mg.Index), unsafe.Offsetof(mg.Index))
+	g.Field("ioctl_gntdev_map_grant_ref", "refs", unsafe.Sizeof(mg.Refs), unsafe.Offsetof(mg.Refs))
 	var ug gntdevUnmapGrantRef
-	g.size("ioctl_gntdev_unmap_grant_ref", unsafe.Sizeof(ug))
-	g.field("ioctl_gntdev_unmap_grant_ref", "index", unsafe.Sizeof(ug.Index), unsafe.Offsetof(ug.Index))
-	g.field("ioctl_gntdev_unmap_grant_ref", "count", unsafe.Sizeof(ug.Count), unsafe.Offsetof(ug.Count))
-	g.field("ioctl_gntdev_unmap_grant_ref", "pad", unsafe.Sizeof(ug.Pad), unsafe.Offsetof(ug.Pad))
+	g.Size("ioctl_gntdev_unmap_grant_ref", unsafe.Sizeof(ug))
+	g.Field("ioctl_gntdev_unmap_grant_ref", "index", unsafe.Sizeof(ug.Index), unsafe.Offsetof(ug.Index))
+	g.Field("ioctl_gntdev_unmap_grant_ref", "count", unsafe.Sizeof(ug.Count), unsafe.Offsetof(ug.Count))
+	g.Field("ioctl_gntdev_unmap_grant_ref", "pad", unsafe.Sizeof(ug.Pad), unsafe.Offsetof(ug.Pad))
 	g["IOCTL_GNTDEV_MAP_GRANT_REF"] = int64(ioctlGntdevMapGrantRef)
 	g["IOCTL_GNTDEV_UNMAP_GRANT_REF"] = int64(ioctlGntdevUnmapGrantRef)
 	g["IOCTL_GNTDEV_SET_UNMAP_NOTIFY"] = int64(ioctlGntdevSetUnmapNotify)
 
 	var bi evtchnBindInterdomain
-	g.size("ioctl_evtchn_bind_interdomain", unsafe.Sizeof(bi))
-	g.field("ioctl_evtchn_bind_interdomain", "remote_domain", unsafe.Sizeof(bi.RemoteDomain), unsafe.Offsetof(bi.RemoteDomain))
-	g.field("ioctl_evtchn_bind_interdomain", "remote_port", unsafe.Sizeof(bi.RemotePort), unsafe.Offsetof(bi.RemotePort))
+	g.Size("ioctl_evtchn_bind_interdomain", unsafe.Sizeof(bi))
+	g.Field("ioctl_evtchn_bind_interdomain", "remote_domain", unsafe.Sizeof(bi.RemoteDomain), unsafe.Offsetof(bi.RemoteDomain))
+	g.Field("ioctl_evtchn_bind_interdomain", "remote_port", unsafe.Sizeof(bi.RemotePort), unsafe.Offsetof(bi.RemotePort))
 	var bu evtchnBindUnboundPort
-	g.size("ioctl_evtchn_bind_unbound_port", unsafe.Sizeof(bu))
-	g.field("ioctl_evtchn_bind_unbound_port", "remote_domain", unsafe.Sizeof(bu.RemoteDomain), unsafe.Offsetof(bu.RemoteDomain))
+	g.Size("ioctl_evtchn_bind_unbound_port", unsafe.Sizeof(bu))
+	g.Field("ioctl_evtchn_bind_unbound_port", "remote_domain", unsafe.Sizeof(bu.RemoteDomain), unsafe.Offsetof(bu.RemoteDomain))
 	var ep evtchnPort
 	for _, s := range []string{"ioctl_evtchn_unbind", "ioctl_evtchn_notify"} {
-		g.size(s, unsafe.Sizeof(ep))
-		g.field(s, "port", unsafe.Sizeof(ep.Port), unsafe.Offsetof(ep.Port))
+		g.Size(s, unsafe.Sizeof(ep))
+		g.Field(s, "port", unsafe.Sizeof(ep.Port), unsafe.Offsetof(ep.Port))
 	}
 	g["IOCTL_EVTCHN_BIND_INTERDOMAIN"] = int64(ioctlEvtchnBindInterdomain)
 	g["IOCTL_EVTCHN_BIND_UNBOUND_PORT"] = int64(ioctlEvtchnBindUnboundPort)
@@ -131,13 +124,13 @@ func TestXenABI(t *testing.T) {
 	g["IOCTL_EVTCHN_RESET"] = int64(ioctlEvtchnReset)
 	g["sizeof evtchn_port_t"] = int64(unsafe.Sizeof(uint32(0))) // what drain writes to unmask
 
-	compareProbe(t, c, g)
+	cprobe.Compare(t, c, g)
 }
 
-// TestXenABIArgBuffers checks the variable-length ioctl arguments: the
+// TestABIArgBuffers checks the variable-length ioctl arguments: the
 // fixed part where the kernel reads it, room for every entry, and results
 // read back from where the kernel writes them.
-func TestXenABIArgBuffers(t *testing.T) {
+func TestABIArgBuffers(t *testing.T) {
 	for _, n := range []int{1, 2, 3, MaxGrantPages} {
 		buf := allocGrefArg(7, gntallocFlagWritable, n)
 		size := uintptr(len(buf) * 8)

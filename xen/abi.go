@@ -1,19 +1,19 @@
 //go:build linux && (amd64 || arm64)
 
-// This file is the Linux kernel's user-space ABI for the Xen devices the
-// xen transport uses: /dev/xen/gntalloc (a guest grants its own pages),
-// /dev/xen/gntdev (dom0 maps pages another domain granted) and
-// /dev/xen/evtchn (event channels). The facts are those of the kernel's
-// uapi headers xen/gntalloc.h, xen/gntdev.h and xen/evtchn.h;
-// TestXenABI compiles a C program against those headers and checks every
-// size, offset and ioctl number here against it.
+// This file is the Linux kernel's user-space ABI for the Xen devices:
+// /dev/xen/gntalloc (a guest grants its own pages), /dev/xen/gntdev (dom0
+// maps pages another domain granted) and /dev/xen/evtchn (event channels).
+// The facts are those of the kernel's uapi headers xen/gntalloc.h,
+// xen/gntdev.h and xen/evtchn.h; TestABI compiles a C program against
+// those headers and checks every size, offset and ioctl number here
+// against it.
 //
 // The build constraint lists the 64-bit architectures Xen runs on: their
 // ioctl numbers use the generic _IOC encoding (mips, powerpc and sparc
 // encode differently), and u64 is 8-byte aligned in C and in Go alike (not
 // so on 32-bit arm, where Go aligns it to 4 and C to 8).
 
-package pvdrm
+package xen
 
 import (
 	"fmt"
@@ -61,15 +61,23 @@ type gntallocDeallocGref struct {
 // same layout, struct ioctl_gntdev_unmap_notify).
 type gntallocUnmapNotify struct {
 	Index            uint64 // IN: mmap offset of a byte within the page
-	Action           uint32 // IN: unmapNotifyClearByte | unmapNotifySendEvent
+	Action           uint32 // IN: UnmapNotifyClearByte | UnmapNotifySendEvent
 	EventChannelPort uint32 // IN: the local port to notify
 }
 
-// gntalloc flags and unmap notification actions.
+// gntallocFlagWritable is GNTALLOC_FLAG_WRITABLE: the other domain may
+// write the pages.
+const gntallocFlagWritable = 1
+
+// The actions of an unmap notification, or-ed together (see
+// GrantedPages.SetUnmapNotify and GrantMapping.SetUnmapNotify).
 const (
-	gntallocFlagWritable = 1
-	unmapNotifyClearByte = 0x1 // zero the byte at Index
-	unmapNotifySendEvent = 0x2 // notify EventChannelPort
+	// UnmapNotifyClearByte is UNMAP_NOTIFY_CLEAR_BYTE: zero the byte at
+	// the notification's offset.
+	UnmapNotifyClearByte = 0x1
+	// UnmapNotifySendEvent is UNMAP_NOTIFY_SEND_EVENT: send an event on
+	// the notification's local port.
+	UnmapNotifySendEvent = 0x2
 )
 
 // gntalloc ioctl numbers.
@@ -146,10 +154,10 @@ const (
 	ioctlEvtchnReset           = iocNone<<iocDirShift | 0<<iocSizeShift | 'E'<<iocTypeShift | 5
 )
 
-// xenIoctl issues an ioctl whose argument is the memory at arg (a buffer
+// ioctl issues an ioctl whose argument is the memory at arg (a buffer
 // the caller keeps alive; Go heap memory does not move) and returns the
 // ioctl's non-negative result.
-func xenIoctl(fd uintptr, req uintptr, arg unsafe.Pointer) (uintptr, error) {
+func ioctl(fd uintptr, req uintptr, arg unsafe.Pointer) (uintptr, error) {
 	r, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, req, uintptr(arg))
 	runtime.KeepAlive(arg)
 	if errno != 0 {
@@ -200,7 +208,7 @@ func mapGrantRefIndex(buf []uint64) uint64 {
 // evtchnIoctl issues an evtchn ioctl whose argument is a small struct and
 // returns its result (the port, for the bind ioctls).
 func evtchnIoctl[T any](fd uintptr, req uintptr, arg *T, what string) (uint32, error) {
-	r, err := xenIoctl(fd, req, unsafe.Pointer(arg))
+	r, err := ioctl(fd, req, unsafe.Pointer(arg))
 	if err != nil {
 		return 0, fmt.Errorf("xen evtchn: %s: %w", what, err)
 	}

@@ -1,0 +1,225 @@
+//go:build linux && (amd64 || arm64)
+
+package xen
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// openDev opens dir/name (dir "" is DevDir) read-write.
+func openDev(dir, name string, flags int) (int, error) {
+	if dir == "" {
+		dir = DevDir
+	}
+	p := filepath.Join(dir, name)
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC|flags, 0)
+	if err != nil {
+		perr := &fs.PathError{Op: "open", Path: p, Err: err}
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
+			return -1, fmt.Errorf("xen: %w: %w", ErrNoXen, perr)
+		}
+		return -1, fmt.Errorf("xen: %w", perr)
+	}
+	return fd, nil
+}
+
+// checkGrantCount bounds a Share or Map.
+func checkGrantCount(n int) error {
+	if n < 1 || n > MaxGrantPages {
+		return fmt.Errorf("xen: %d pages: want 1..%d per call", n, MaxGrantPages)
+	}
+	return nil
+}
+
+// Gntalloc shares this domain's pages with another domain: the guest's
+// side of grant sharing (/dev/xen/gntalloc).
+type Gntalloc struct{ fd int }
+
+// OpenGntalloc opens dir/gntalloc (dir "" is DevDir).
+func OpenGntalloc(dir string) (*Gntalloc, error) {
+	fd, err := openDev(dir, "gntalloc", 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Gntalloc{fd: fd}, nil
+}
+
+// Close closes the device. Pages shared through it must be closed first.
+func (g *Gntalloc) Close() error { return closeFd(&g.fd) }
+
+// GrantedPages are pages this domain allocated and granted to another.
+type GrantedPages struct {
+	fd    int
+	index uint64
+	refs  []uint32
+	mem   []byte
+}
+
+// Share allocates that many zeroed pages, grants them to domain domid
+// (writable or read-only) and maps them here. The grant references go to
+// the other domain, which maps them with Gntdev.Map.
+func (g *Gntalloc) Share(domid uint16, pages int, writable bool) (*GrantedPages, error) {
+	if err := checkGrantCount(pages); err != nil {
+		return nil, err
+	}
+	if domid >= DomidFirstReserved {
+		return nil, fmt.Errorf("xen: share with domain %d: not an ordinary domain", domid)
+	}
+	var flags uint16
+	if writable {
+		flags = gntallocFlagWritable
+	}
+	arg := allocGrefArg(domid, flags, pages)
+	if _, err := ioctl(uintptr(g.fd), ioctlGntallocAllocGref, unsafe.Pointer(&arg[0])); err != nil {
+		return nil, fmt.Errorf("xen: grant %d pages to domain %d: %w", pages, domid, err)
+	}
+	p := &GrantedPages{fd: g.fd}
+	p.index, p.refs = allocGrefResult(arg, pages)
+	mem, err := unix.Mmap(g.fd, int64(p.index), pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("xen: map %d granted pages: %w", pages, err), p.Close())
+	}
+	p.mem = mem
+	return p, nil
+}
+
+// Refs returns the grant references, one per page, in order.
+func (p *GrantedPages) Refs() []uint32 { return append([]uint32(nil), p.refs...) }
+
+// Mem returns the pages' memory.
+func (p *GrantedPages) Mem() []byte { return p.mem }
+
+// SetUnmapNotify arms the kernel to act when these pages are released
+// (this process exits or closes them): action is UnmapNotifyClearByte to
+// clear the byte at offset off of the pages and/or UnmapNotifySendEvent to
+// send an event on local port (an Evtchn's Port). A split driver arms it
+// on a liveness byte, so that the other end learns when this one is gone.
+func (p *GrantedPages) SetUnmapNotify(off int, action, port uint32) error {
+	n := gntallocUnmapNotify{Index: p.index + uint64(off), Action: action, EventChannelPort: port}
+	if _, err := ioctl(uintptr(p.fd), ioctlGntallocSetUnmapNotify, unsafe.Pointer(&n)); err != nil {
+		return fmt.Errorf("xen: gntalloc unmap notification: %w", err)
+	}
+	return nil
+}
+
+// Close unmaps the pages and revokes the grants (the kernel frees each
+// page once the other domain unmapped it too).
+func (p *GrantedPages) Close() error {
+	var errs []error
+	if p.mem != nil {
+		errs = append(errs, unix.Munmap(p.mem))
+		p.mem = nil
+	}
+	if p.refs != nil {
+		d := gntallocDeallocGref{Index: p.index, Count: uint32(len(p.refs))}
+		if _, err := ioctl(uintptr(p.fd), ioctlGntallocDeallocGref, unsafe.Pointer(&d)); err != nil {
+			errs = append(errs, fmt.Errorf("xen: revoke %d grants: %w", len(p.refs), err))
+		}
+		p.refs = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Gntdev maps pages other domains granted: dom0's side of grant sharing
+// (/dev/xen/gntdev).
+type Gntdev struct{ fd int }
+
+// OpenGntdev opens dir/gntdev (dir "" is DevDir).
+func OpenGntdev(dir string) (*Gntdev, error) {
+	fd, err := openDev(dir, "gntdev", 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Gntdev{fd: fd}, nil
+}
+
+// Close closes the device. Mappings made through it must be closed first.
+func (g *Gntdev) Close() error { return closeFd(&g.fd) }
+
+// GrantMapping is another domain's granted pages mapped here.
+type GrantMapping struct {
+	fd    int
+	index uint64
+	count int
+	mem   []byte
+}
+
+// Map maps the pages domain domid granted under refs, in order, read-write
+// or read-only. The references come from the other domain and are checked:
+// a reserved one (below GrantRefFirst) is refused.
+func (g *Gntdev) Map(domid uint16, refs []uint32, writable bool) (*GrantMapping, error) {
+	if err := checkGrantCount(len(refs)); err != nil {
+		return nil, err
+	}
+	if domid >= DomidFirstReserved {
+		return nil, fmt.Errorf("xen: map grants of domain %d: not an ordinary domain", domid)
+	}
+	for _, r := range refs {
+		if r < GrantRefFirst {
+			return nil, fmt.Errorf("xen: map grants of domain %d: reference %d is reserved", domid, r)
+		}
+	}
+	arg := mapGrantRefArg(domid, refs)
+	if _, err := ioctl(uintptr(g.fd), ioctlGntdevMapGrantRef, unsafe.Pointer(&arg[0])); err != nil {
+		return nil, fmt.Errorf("xen: map %d grants of domain %d: %w", len(refs), domid, err)
+	}
+	m := &GrantMapping{fd: g.fd, index: mapGrantRefIndex(arg), count: len(refs)}
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE // gntdev maps read-only grants where PROT_WRITE is absent
+	}
+	mem, err := unix.Mmap(g.fd, int64(m.index), len(refs)*PageSize, prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("xen: map %d grants of domain %d: %w", len(refs), domid, err), m.Close())
+	}
+	m.mem = mem
+	return m, nil
+}
+
+// Mem returns the mapped pages.
+func (m *GrantMapping) Mem() []byte { return m.mem }
+
+// SetUnmapNotify arms the kernel to act when this mapping goes (this
+// process exits or closes it): action is UnmapNotifyClearByte to clear the
+// byte at offset off of the granting domain's pages and/or
+// UnmapNotifySendEvent to send an event on local port (an Evtchn's Port).
+func (m *GrantMapping) SetUnmapNotify(off int, action, port uint32) error {
+	n := gntdevUnmapNotify{Index: m.index + uint64(off), Action: action, EventChannelPort: port}
+	if _, err := ioctl(uintptr(m.fd), ioctlGntdevSetUnmapNotify, unsafe.Pointer(&n)); err != nil {
+		return fmt.Errorf("xen: gntdev unmap notification: %w", err)
+	}
+	return nil
+}
+
+// Close unmaps the pages and releases the grants.
+func (m *GrantMapping) Close() error {
+	var errs []error
+	if m.mem != nil {
+		errs = append(errs, unix.Munmap(m.mem)) // before the ioctl, which fails on mapped pages
+		m.mem = nil
+	}
+	if m.count > 0 {
+		u := gntdevUnmapGrantRef{Index: m.index, Count: uint32(m.count)}
+		if _, err := ioctl(uintptr(m.fd), ioctlGntdevUnmapGrantRef, unsafe.Pointer(&u)); err != nil {
+			errs = append(errs, fmt.Errorf("xen: unmap %d grants: %w", m.count, err))
+		}
+		m.count = 0
+	}
+	return errors.Join(errs...)
+}
+
+// closeFd closes *fd once.
+func closeFd(fd *int) error {
+	if *fd < 0 {
+		return nil
+	}
+	err := unix.Close(*fd)
+	*fd = -1
+	return err
+}

@@ -1,0 +1,4 @@
+package xenstore
+
+// TransactionRetries is transactionRetries, for the external tests.
+const TransactionRetries = transactionRetries
