@@ -197,7 +197,7 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 		if b.v.detached() {
 			return fmt.Errorf("pvdrm: %w", ErrDetached) // destroyed (control API): nothing left to drive
 		}
-		if b.ring.FinalCheck() {
+		if pvdrm.Spin(pvdrm.DefaultSpin, b.ring.Pending) || b.ring.FinalCheck() {
 			continue
 		}
 		if err := b.t.Wait(ctx, 50*time.Millisecond); err != nil {

@@ -4,9 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
+
+	"github.com/gpuvm/gpuvm/ipc"
 )
+
+// DefaultSpin is how many times each end polls its ring before it sleeps
+// on its notification: the device-model IPC's budget (ipc.DefaultSpin),
+// so that a request's round trip on the ring and an MMIO round trip on
+// the IPC rings compare like for like.
+const DefaultSpin = ipc.DefaultSpin
+
+// Spin polls ready up to spin times (yielding now and then) and reports
+// whether it became true: what an end does before it sleeps.
+func Spin(spin int, ready func() bool) bool {
+	for i := range spin {
+		if ready() {
+			return true
+		}
+		if i&255 == 255 {
+			runtime.Gosched()
+		}
+	}
+	return false
+}
 
 // ErrDisconnected is returned by a Client whose connection to the back end
 // ended (the back end went away or broke the protocol).
@@ -198,6 +221,9 @@ func (c *Client) readLoop(ctx context.Context) {
 			}
 			ch <- rsp
 			c.slots <- struct{}{}
+			continue
+		}
+		if Spin(DefaultSpin, c.ring.Pending) {
 			continue
 		}
 		c.mu.Lock()

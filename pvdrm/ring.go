@@ -148,6 +148,10 @@ func (b *Back) Respond(rsp []byte) (notifyFront bool) {
 	return notify(old, b.rspProdPvt, b.s.load(offRspEvent))
 }
 
+// Pending reports whether the front end published requests not yet read
+// (a cheap check for a polling back end; Next validates them).
+func (b *Back) Pending() bool { return b.broken == nil && b.s.load(offReqProd) != b.reqCons }
+
 // FinalCheck re-arms the request event after the back end found no more
 // requests (io/ring.h's RING_FINAL_CHECK_FOR_REQUESTS): it reports whether
 // requests arrived meanwhile, so the back end never sleeps on work.
@@ -211,6 +215,9 @@ func (f *Front) Poll(dst []byte) (bool, error) {
 	f.rspCons++
 	return true, nil
 }
+
+// Pending reports whether the back end published responses not yet read.
+func (f *Front) Pending() bool { return f.s.load(offRspProd) != f.rspCons }
 
 // FinalCheck re-arms the response event (RING_FINAL_CHECK_FOR_RESPONSES).
 func (f *Front) FinalCheck() bool {
