@@ -157,7 +157,7 @@ type PVDRMBackend struct {
 	// the ring and before it is decoded.
 	afterCopy func()
 
-	rmu     sync.Mutex // serialises responses (waiters answer too)
+	rmu     sync.Mutex // serialises responses (waiters answer too) and Next's look at them
 	waiters sync.WaitGroup
 	stopped chan struct{}
 	closeMu sync.Mutex
@@ -177,7 +177,9 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 	defer b.waiters.Wait()
 	var slot [pvdrm.SlotSize]byte
 	for {
+		b.rmu.Lock() // Next checks the response index waiters advance
 		ok, err := b.ring.Next(slot[:])
+		b.rmu.Unlock()
 		if err != nil {
 			b.v.gripeLog("pvdrm front end broke the ring protocol: disconnecting it", "err", err)
 			return fmt.Errorf("pvdrm: %w", err)

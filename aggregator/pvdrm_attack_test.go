@@ -234,20 +234,23 @@ func TestPVDRMRingOverflow(t *testing.T) {
 // is the copy. The rewrite turns a 4-KiB GEM_NEW into a 1-GiB one.
 func TestPVDRMRequestRewrittenAfterCopy(t *testing.T) {
 	agg, _ := newTestAggregator(t, 1)
-	g := startPVDRM(t, agg, "vm", "pvdrm")
+	var fired, armed atomic.Bool
+	g := startPVDRMWith(t, agg, "vm", "pvdrm", func(g *pvdrmGuest) {
+		ring := g.front.Ring()
+		// Runs in the back end's goroutine, after each copy.
+		g.b.afterCopy = func() {
+			if !armed.Load() || fired.Load() {
+				return
+			}
+			// Every slot's size argument becomes 1 GiB.
+			for off := pvdrm.HeaderSize; off+pvdrm.SlotSize <= len(ring); off += pvdrm.SlotSize {
+				binary.LittleEndian.PutUint64(ring[off+pvdrm.OffArgs:], 1<<30)
+			}
+			fired.Store(true)
+		}
+	})
 	f := g.open(t)
-	ring := g.front.Ring()
-	var fired atomic.Bool
-	g.b.afterCopy = func() {
-		if fired.Load() {
-			return
-		}
-		// Every slot's size argument becomes 1 GiB.
-		for off := pvdrm.HeaderSize; off+pvdrm.SlotSize <= len(ring); off += pvdrm.SlotSize {
-			binary.LittleEndian.PutUint64(ring[off+pvdrm.OffArgs:], 1<<30)
-		}
-		fired.Store(true)
-	}
+	armed.Store(true)
 	_, size := g.gemNew(t, f, nvc0.PageSize, pvdrm.DomainVRAM, 0)
 	_ = size
 	rsp, st := g.do(t, pvdrm.Request{Op: pvdrm.OpGEMInfo, File: f, Args: map[string]uint64{"handle": 1}})

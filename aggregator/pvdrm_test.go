@@ -53,6 +53,13 @@ func dupAll(t testing.TB, fs []*os.File) []*os.File {
 
 func startPVDRM(t testing.TB, agg *Aggregator, name, mode string) *pvdrmGuest {
 	t.Helper()
+	return startPVDRMWith(t, agg, name, mode, nil)
+}
+
+// startPVDRMWith is startPVDRM with before run on the guest after its
+// back end is attached and before it serves.
+func startPVDRMWith(t testing.TB, agg *Aggregator, name, mode string, before func(*pvdrmGuest)) *pvdrmGuest {
+	t.Helper()
 	g := &pvdrmGuest{}
 	var err error
 	if g.gart, err = hostmem.New(name+"-gart", 128<<20); err != nil {
@@ -75,6 +82,9 @@ func startPVDRM(t testing.TB, agg *Aggregator, name, mode string) *pvdrmGuest {
 	h.Write([]byte(name))
 	if g.b, err = agg.AttachPVDRM(Guest{DomID: h.Sum32(), Name: name, Mode: mode}, gf, g.gart.Size(), back); err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(g)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g.cancel, g.served = cancel, make(chan error, 1)
