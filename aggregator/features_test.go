@@ -24,7 +24,10 @@ func TestModesServed(t *testing.T) {
 			t.Errorf("%s: %v", m, err)
 		}
 	}
-	if _, err := FeaturesFor("pvdrm"); err == nil {
-		t.Error("pvdrm has features")
+	if _, err := FeaturesFor("pvdrm-turbo"); err == nil {
+		t.Error("an unknown mode has features")
+	}
+	if f, _ := FeaturesFor("pvdrm-pooling"); !f.PVDRM || !f.Pooling || !f.PV || f.Remap {
+		t.Errorf("pvdrm-pooling features %+v", f)
 	}
 }

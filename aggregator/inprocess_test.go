@@ -12,20 +12,6 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
-// directMMIO is a device model without IPC: the guest driver's accesses go
-// straight to the vGPU (the in-process analogue of the trap path).
-type directMMIO struct{ v *VGPU }
-
-func (d directMMIO) Read32(bar int, off uint64) uint32 {
-	val, err := d.v.Read32(bar, off)
-	if err != nil {
-		return 0xFFFFFFFF
-	}
-	return val
-}
-
-func (d directMMIO) Write32(bar int, off uint64, val uint32) { _ = d.v.Write32(bar, off, val) }
-
 func testPartition() config.PartitionConfig {
 	return config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20}
 }
@@ -83,7 +69,7 @@ func startGuest(t testing.TB, agg *Aggregator, name, mode string) *guestVM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := nouveau.Open(directMMIO{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: driverPV(mode)})
+	dev, err := nouveau.Open(vgpuPort{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: driverPV(mode)})
 	if err != nil {
 		t.Fatalf("guest driver on %s: %v", mode, err)
 	}

@@ -22,7 +22,7 @@ func BenchmarkHypercall(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	mmio := directMMIO{v}
+	mmio := vgpuPort{v}
 	mmio.Write32(hypercall.BAR, hypercall.RegSlot, 1)
 	mmio.Write32(hypercall.BAR, hypercall.RegSlotLo, uint32(buf.Bus)|hypercall.SlotEnable)
 	mmio.Write32(hypercall.BAR, hypercall.RegSlotHi, uint32(buf.Bus>>32))

@@ -254,22 +254,7 @@ func (d *Device) ConfigSpace() *ConfigSpace { return d.pci }
 // Counters asks the aggregator for the vGPU's counters (names are the
 // aggregator's CounterNames, in order).
 func (d *Device) Counters(names []string) (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for g := 0; g*ipc.MaxCallResults < len(names); g++ {
-		r, err := d.client.Call(ipc.OpCounters, uint64(g))
-		if err != nil {
-			return nil, fmt.Errorf("counters: %w", err)
-		}
-		if r.Status != 0 {
-			return nil, fmt.Errorf("counters group %d: status %d", g, r.Status)
-		}
-		for i, v := range r.Result {
-			if k := g*ipc.MaxCallResults + i; k < len(names) {
-				out[names[k]] = v
-			}
-		}
-	}
-	return out, nil
+	return d.client.Counters(names)
 }
 
 // Close disconnects (the aggregator then tears the vGPU down) and frees the RAM.

@@ -207,6 +207,28 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
+// Counters reads the server's counters by name through OpCounters calls:
+// names are the server's counter names in its order, MaxCallResults per
+// group.
+func (c *Client) Counters(names []string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for g := 0; g*MaxCallResults < len(names); g++ {
+		r, err := c.Call(OpCounters, uint64(g))
+		if err != nil {
+			return nil, fmt.Errorf("counters: %w", err)
+		}
+		if r.Status != 0 {
+			return nil, fmt.Errorf("counters group %d: status %d", g, r.Status)
+		}
+		for i, v := range r.Result {
+			if k := g*MaxCallResults + i; k < len(names) {
+				out[names[k]] = v
+			}
+		}
+	}
+	return out, nil
+}
+
 // Done returns a channel closed when the server ends the connection (its
 // Bye or hang-up) or Close runs, with the transport TransportShm; with
 // TransportSocket it returns nil (a call reports the end).

@@ -97,22 +97,7 @@ func (fe *FrontEnd) Welcome() ipc.Welcome { return fe.welcome }
 // Counters reads the vGPU's counters by name (the device-model socket's
 // counters call).
 func (fe *FrontEnd) Counters(names []string) (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for g := 0; g*ipc.MaxCallResults < len(names); g++ {
-		r, err := fe.ctl.Call(ipc.OpCounters, uint64(g))
-		if err != nil {
-			return nil, fmt.Errorf("counters: %w", err)
-		}
-		if r.Status != 0 {
-			return nil, fmt.Errorf("counters group %d: status %d", g, r.Status)
-		}
-		for i, v := range r.Result {
-			if k := g*ipc.MaxCallResults + i; k < len(names) {
-				out[names[k]] = v
-			}
-		}
-	}
-	return out, nil
+	return fe.ctl.Counters(names)
 }
 
 // RoundTrips measures, n times each, a request's round trip on the pvdrm

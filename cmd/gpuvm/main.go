@@ -51,7 +51,9 @@ func newApp() *cli.App {
 			"Access Aggregator (gpuvm serve), owns the embedded simulated Fermi board and gives each\n" +
 			"VM a virtual GPU with isolation and fair GPU time; a VM is a device model process (gpuvm\n" +
 			"devmodel) whose guest driver's MMIO traps to the aggregator; in the pv- modes the driver\n" +
-			"builds its GPU page tables by hypercalls instead.\n" +
+			"builds its GPU page tables by hypercalls instead; in the pvdrm modes (the split driver)\n" +
+			"the guest has no GPU registers and sends whole DRM operations over a shared ring to a\n" +
+			"back end in the aggregator.\n" +
 			"Modes: " + strings.Join(config.ModeNames(), ", ") + ".\n\n" +
 			"Start here:  gpuvm bench          run the evaluation workloads on the simulated board",
 		Flags: []cli.Flag{

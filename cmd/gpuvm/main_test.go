@@ -303,24 +303,10 @@ weight = 2
 // verifies, nothing is scanned or refused, and multicall cuts pincpy's
 // hypercalls at least 50× (GPUvm's Table 4.1 shows 368×).
 func TestBenchPVModes(t *testing.T) {
-	out, stderr, err := runApp(t, "bench", "--mode", "native,pv-naive,pv-multicall", "--workloads", "nop,madd,pincpy", "--runs", "1",
+	results := benchResults(t, "--mode", "native,pv-naive,pv-multicall", "--workloads", "nop,madd,pincpy", "--runs", "1",
 		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "16MiB", "--vram", "3GiB")
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, stderr)
-	}
-	var rep struct {
-		Results []struct {
-			Mode, Workload string
-			Verified       bool
-			Error          string
-			Counters       map[string]any `json:"counters"`
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("not JSON: %v", err)
-	}
 	calls := map[string]float64{}
-	for _, r := range rep.Results {
+	for _, r := range results {
 		if !r.Verified {
 			t.Errorf("%s %s: %s", r.Mode, r.Workload, r.Error)
 		}
@@ -341,6 +327,29 @@ func TestBenchPVModes(t *testing.T) {
 	t.Logf("pincpy hypercalls: %v without multicall, %v with", calls["pv-naive"], calls["pv-multicall"])
 }
 
+// benchResult is one result of `gpuvm bench --json`, as the tests read it.
+type benchResult struct {
+	Mode, Workload string
+	Verified       bool
+	Error          string
+	Counters       map[string]any `json:"counters"`
+}
+
+// benchResults runs `gpuvm bench` with args (which must ask for --json)
+// and returns its results.
+func benchResults(t *testing.T, args ...string) []benchResult {
+	t.Helper()
+	out, stderr, err := runApp(t, append([]string{"bench"}, args...)...)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	var rep struct{ Results []benchResult }
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not JSON: %v", err)
+	}
+	return rep.Results
+}
+
 // TestBenchPVDRMModes: every workload verifies in pvdrm and pvdrm-pooling
 // over the real handshake and ring, nothing of the guest traps, and pooling
 // shares pincpy's pages less often than no pooling.
@@ -348,24 +357,10 @@ func TestBenchPVDRMModes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the pvdrm bench runs in the full suite; -short keeps the in-process pvdrm tests")
 	}
-	out, stderr, err := runApp(t, "bench", "--mode", "native,pvdrm,pvdrm-pooling", "--workloads", "all", "--runs", "2",
+	results := benchResults(t, "--mode", "native,pvdrm,pvdrm-pooling", "--workloads", "all", "--runs", "2",
 		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "16MiB", "--loop-iterations", "1000", "--vram", "3GiB")
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, stderr)
-	}
-	var rep struct {
-		Results []struct {
-			Mode, Workload string
-			Verified       bool
-			Error          string
-			Counters       map[string]any `json:"counters"`
-		}
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("not JSON: %v", err)
-	}
 	shares := map[string]float64{}
-	for _, r := range rep.Results {
+	for _, r := range results {
 		if !r.Verified {
 			t.Errorf("%s %s: %s", r.Mode, r.Workload, r.Error)
 		}
