@@ -150,3 +150,41 @@ func checkConfig(off, size int) error {
 	}
 	return nil
 }
+
+// BARPlacement is where the guest's firmware placed one of the device's
+// BARs, and whether the command register lets the device decode it.
+type BARPlacement struct {
+	Index   int    // nvc0.BAR0, BAR1, BAR3 or BAR5
+	Base    uint64 // guest-physical address (memory) or I/O port
+	Size    uint64
+	IO      bool // an I/O BAR (ports), else memory
+	Enabled bool // placed (non-zero) and decoded (command register)
+}
+
+// Placements returns every BAR's placement as the config space holds it
+// now: what a device model must claim from the hypervisor.
+func (c *ConfigSpace) Placements() []BARPlacement {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	le := binary.LittleEndian
+	cmd := c.regs[pciCommand]
+	var out []BARPlacement
+	for _, d := range bars() {
+		p := BARPlacement{Index: d.index, Size: d.size, IO: d.flags&barIO != 0}
+		lo := uint64(le.Uint32(c.regs[pciBAR0+4*d.index:]))
+		if p.IO {
+			p.Base = lo &^ 0x3
+			p.Enabled = cmd&pciCommandIO != 0
+		} else {
+			p.Base = lo &^ 0xF
+			if d.flags&barMem64 != 0 {
+				p.Base |= uint64(le.Uint32(c.regs[pciBAR0+4*(d.index+1):])) << 32
+			}
+			p.Enabled = cmd&pciCommandMemory != 0
+		}
+		// A BAR still at 0, or mid-sizing (all address bits set), is not placed.
+		p.Enabled = p.Enabled && p.Base != 0 && p.Base != ^(d.size-1)&^uint64(0xF) && p.Base+p.Size > p.Base
+		out = append(out, p)
+	}
+	return out
+}

@@ -1,0 +1,203 @@
+package devmodel
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/xen/ioreq"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
+)
+
+// On Xen the guest's accesses to the vGPU reach the device model as ioreqs
+// (package xen/ioreq): PCI config space accesses of the vGPU's function,
+// and memory and port accesses inside the BARs the guest's firmware placed.
+// XenRouter serves them: config space here (ConfigSpace), BAR accesses by
+// forwarding to the aggregator over the IPC connection, as Device does for
+// a VM process. When the guest moves a BAR or switches decoding, the
+// router moves its claims with the hypervisor, so an address the BAR left
+// reaches the device model no more.
+
+// Backend is where BAR accesses go: the aggregator connection (*ipc.Client).
+type Backend interface {
+	Read32(bar int, off uint64) (uint32, error)
+	Write32(bar int, off uint64, v uint32) error
+}
+
+// Claimer moves the address ranges the hypervisor forwards (*ioreq.Server).
+type Claimer interface {
+	Claim(ioreq.Claim) error
+	Release(ioreq.Claim) error
+}
+
+// ErrNotMine is wrapped for an access to no BAR of the device or to another
+// PCI function.
+var ErrNotMine = errors.New("not the vGPU's")
+
+// XenRouter routes one domain's ioreqs for its vGPU.
+type XenRouter struct {
+	cfg     *ConfigSpace
+	dev     privcmd.SBDF
+	backend Backend
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	claimer Claimer
+	claimed map[int]ioreq.Claim // BAR index → what is claimed for it
+}
+
+// NewXenRouter returns the router of the vGPU at PCI function dev, whose
+// BAR accesses go to backend.
+func NewXenRouter(dev privcmd.SBDF, backend Backend, log *slog.Logger) *XenRouter {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &XenRouter{cfg: NewConfigSpace(), dev: dev, backend: backend, log: log, claimed: map[int]ioreq.Claim{}}
+}
+
+// ConfigSpace returns the vGPU's config space.
+func (r *XenRouter) ConfigSpace() *ConfigSpace { return r.cfg }
+
+// Attach gives the router the server whose claims follow the BARs, and
+// claims what the config space already places.
+func (r *XenRouter) Attach(c Claimer) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.claimer = c
+	return r.syncClaims()
+}
+
+// Handle serves one ioreq (an ioreq.Handler).
+func (r *XenRouter) Handle(req ioreq.Request) (uint64, error) {
+	switch req.Kind {
+	case ioreq.KindPCIConfig:
+		return r.config(req)
+	case ioreq.KindMMIO, ioreq.KindPIO:
+		bar, off, err := r.route(req)
+		if err != nil {
+			return 0, err
+		}
+		return r.access(bar, off, req)
+	}
+	return 0, fmt.Errorf("%v access: %w", req.Kind, ErrNotMine)
+}
+
+// config serves a config space access of the vGPU's function; a BAR or
+// command write then moves the claims.
+func (r *XenRouter) config(req ioreq.Request) (uint64, error) {
+	if req.Device != r.dev {
+		return 0, fmt.Errorf("config access to %v: %w", req.Device, ErrNotMine)
+	}
+	if req.Addr >= pciConfigSize { // extended config space: none
+		return 0, fmt.Errorf("config access at %#x: beyond the 256-byte header", req.Addr)
+	}
+	if !req.Write {
+		v, err := r.cfg.Read(int(req.Addr), req.Size)
+		return uint64(v), err
+	}
+	if err := r.cfg.Write(int(req.Addr), req.Size, uint32(req.Data)); err != nil {
+		return 0, err
+	}
+	if req.Addr < pciBAR0+6*4 && req.Addr+uint64(req.Size) > pciCommand {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return 0, r.syncClaims()
+	}
+	return 0, nil
+}
+
+// syncClaims claims each enabled BAR where it is now and releases what a
+// moved or disabled BAR left. Called with r.mu held.
+func (r *XenRouter) syncClaims() error {
+	if r.claimer == nil {
+		return nil
+	}
+	var errs []error
+	for _, p := range r.cfg.Placements() {
+		want := ioreq.MMIO(p.Base, p.Size)
+		if p.IO {
+			want = ioreq.Ports(p.Base, p.Size)
+		}
+		old, had := r.claimed[p.Index]
+		if had && (!p.Enabled || old != want) {
+			errs = append(errs, r.claimer.Release(old))
+			delete(r.claimed, p.Index)
+		}
+		if p.Enabled && (!had || old != want) {
+			if err := r.claimer.Claim(want); err != nil {
+				errs = append(errs, fmt.Errorf("BAR%d at %#x: %w", p.Index, p.Base, err))
+				continue
+			}
+			r.claimed[p.Index] = want
+			r.log.Debug("BAR placed", "bar", p.Index, "base", fmt.Sprintf("%#x", p.Base), "size", p.Size, "io", p.IO)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// route finds the BAR an access falls in, from what is claimed now.
+func (r *XenRouter) route(req ioreq.Request) (int, uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for bar, c := range r.claimed {
+		if (c.Kind == ioreq.KindPIO) != (req.Kind == ioreq.KindPIO) {
+			continue
+		}
+		if req.Addr >= c.Base && req.Addr+uint64(req.Size) <= c.Base+c.Size && req.Addr+uint64(req.Size) > req.Addr {
+			return bar, req.Addr - c.Base, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("%v access at %#x: %w", req.Kind, req.Addr, ErrNotMine)
+}
+
+// access turns one access of 1, 2, 4 or 8 bytes into the 32-bit accesses
+// the IPC protocol carries: 8 bytes as two (low word first), 1 and 2 bytes
+// as a read of the word they are in (and, for a write, a write of the
+// word with those bytes replaced: GPU drivers write registers whole, and
+// the apertures are memory).
+func (r *XenRouter) access(bar int, off uint64, req ioreq.Request) (uint64, error) {
+	if bar == nvc0.BAR5 && req.Kind != ioreq.KindPIO {
+		return 0, fmt.Errorf("memory access to the I/O BAR: %w", ErrNotMine)
+	}
+	switch req.Size {
+	case 4:
+		if off%4 != 0 {
+			return 0, fmt.Errorf("unaligned 4-byte access at BAR%d %#x", bar, off)
+		}
+		if req.Write {
+			return 0, r.backend.Write32(bar, off, uint32(req.Data))
+		}
+		v, err := r.backend.Read32(bar, off)
+		return uint64(v), err
+	case 8:
+		if off%8 != 0 {
+			return 0, fmt.Errorf("unaligned 8-byte access at BAR%d %#x", bar, off)
+		}
+		if req.Write {
+			return 0, errors.Join(r.backend.Write32(bar, off, uint32(req.Data)), r.backend.Write32(bar, off+4, uint32(req.Data>>32)))
+		}
+		lo, err := r.backend.Read32(bar, off)
+		if err != nil {
+			return 0, err
+		}
+		hi, err := r.backend.Read32(bar, off+4)
+		return uint64(hi)<<32 | uint64(lo), err
+	case 1, 2:
+		word, shift := off&^3, 8*(off&3)
+		if off&3+uint64(req.Size) > 4 {
+			return 0, fmt.Errorf("%d-byte access at BAR%d %#x crosses a word", req.Size, bar, off)
+		}
+		v, err := r.backend.Read32(bar, word)
+		if err != nil {
+			return 0, err
+		}
+		mask := uint32(req.Mask()) << shift
+		if !req.Write {
+			return uint64((v & mask) >> shift), nil
+		}
+		return 0, r.backend.Write32(bar, word, v&^mask|uint32(req.Data)<<shift&mask)
+	}
+	return 0, fmt.Errorf("%d-byte access: unsupported", req.Size)
+}

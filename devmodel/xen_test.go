@@ -1,0 +1,153 @@
+package devmodel_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/xen/ioreq"
+	"github.com/gpuvm/gpuvm/xen/ioreq/ioreqtest"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
+)
+
+// dialAggregator serves a real aggregator on a socket and connects a VM's
+// device-model connection to it.
+func dialAggregator(t *testing.T) *ipc.Client {
+	t.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
+	board, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { board.Close() })
+	agg, err := aggregator.New(board, aggregator.Options{MaxVMs: 2, Channels: cfg.Channels,
+		Partition: config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "gpuvm-xen-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := ipc.Listen(filepath.Join(dir, "agg.sock"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- agg.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-served; ln.Close(); agg.Close(); os.RemoveAll(dir) })
+	ram, err := hostmem.New("xen-guest", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ram.Close() })
+	f, err := ram.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, _, extra, err := ipc.Dial(context.Background(), filepath.Join(dir, "agg.sock"),
+		ipc.Hello{DomID: 5, Name: "xen-guest", Mode: "fv-lazy", RAMSize: ram.Size(), Transport: ipc.TransportShm}, f, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range extra {
+		x.Close()
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// The guest's accesses as Xen forwards them: its firmware sizes and places
+// BAR0 through config space, reads PMC_BOOT_0 at the address it chose
+// (every width), moves the BAR (the old address reaches the device model
+// no more) and turns decoding off; accesses to another function or
+// outside the BARs are refused (reads return all ones).
+func TestXenRouterFollowsTheGuest(t *testing.T) {
+	client := dialAggregator(t)
+	dev, err := privcmd.MakeSBDF(0, 0, 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := privcmd.MakeSBDF(0, 0, 6, 0)
+	x, err := ioreqtest.New(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := devmodel.NewXenRouter(dev, client, nil)
+	srv := x.Serve(t, ioreq.Config{Handler: router.Handle, Claims: []ioreq.Claim{ioreq.PCIDevice(dev)}})
+	if err := router.Attach(srv); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	access := func(r ioreq.Request) uint64 {
+		t.Helper()
+		v, err := x.Access(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	cfgRead := func(off uint64) uint64 {
+		return access(ioreq.Request{Kind: ioreq.KindPCIConfig, Device: dev, Addr: off, Size: 4})
+	}
+	cfgWrite := func(off, v uint64) {
+		access(ioreq.Request{Kind: ioreq.KindPCIConfig, Device: dev, Addr: off, Size: 4, Write: true, Data: v})
+	}
+	mmio := func(addr uint64, size int) uint64 {
+		return access(ioreq.Request{Kind: ioreq.KindMMIO, Addr: addr, Size: size})
+	}
+	if id := cfgRead(0); id != uint64(nvc0.PCIDeviceQuadro6000)<<16|nvc0.PCIVendorNVIDIA {
+		t.Fatalf("vendor/device %#x", id)
+	}
+	cfgWrite(0x10, 0xFFFFFFFF)
+	if mask := cfgRead(0x10); mask != uint64(^uint32(nvc0.BAR0Size-1)) {
+		t.Errorf("BAR0 size mask %#x", mask)
+	}
+	cfgWrite(0x10, 0xE0000000)
+	if got := mmio(0xE0000000, 4); got != 0xFFFFFFFF {
+		t.Errorf("BAR0 decoded before the command register enables memory: %#x", got)
+	}
+	cfgWrite(0x04, 0x2) // memory decode on
+	if got := mmio(0xE0000000+nvc0.RegBoot0, 4); got != nvc0.Boot0Value {
+		t.Fatalf("PMC_BOOT_0 through the ioreq path: %#x, want %#x", got, nvc0.Boot0Value)
+	}
+	if got := mmio(0xE0000000+nvc0.RegBoot0+3, 1); got != nvc0.Boot0Value>>24 {
+		t.Errorf("byte 3 of PMC_BOOT_0: %#x", got)
+	}
+	if got := mmio(0xE0000000+nvc0.RegBoot0+2, 2); got != nvc0.Boot0Value>>16 {
+		t.Errorf("upper half of PMC_BOOT_0: %#x", got)
+	}
+	if got := mmio(0xE0000000+nvc0.RegBoot0, 8); uint32(got) != nvc0.Boot0Value {
+		t.Errorf("8-byte read: %#x", got)
+	}
+	cfgWrite(0x10, 0xD0000000) // the firmware moves the BAR
+	if got := mmio(0xE0000000, 4); got != 0xFFFFFFFF {
+		t.Errorf("the BAR's old address still reaches the device: %#x", got)
+	}
+	if got := mmio(0xD0000000, 4); got != nvc0.Boot0Value {
+		t.Errorf("at the new address: %#x", got)
+	}
+	if got := access(ioreq.Request{Kind: ioreq.KindPCIConfig, Device: other, Size: 4}); got != 0xFFFFFFFF {
+		t.Errorf("another function's config space: %#x", got)
+	}
+	cfgWrite(0x04, 0) // decoding off
+	if got := mmio(0xD0000000, 4); got != 0xFFFFFFFF {
+		t.Errorf("decoded with the memory enable off: %#x", got)
+	}
+	if st := srv.Stats(); st.Refused < 4 {
+		t.Errorf("refusals counted: %+v", st)
+	}
+}
