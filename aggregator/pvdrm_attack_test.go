@@ -328,3 +328,74 @@ func TestPVDRMFrontEndVanishesMidRequest(t *testing.T) {
 	}
 	next.honestRun(t)
 }
+
+// Several contexts of one VM at once (one file each, requests from
+// several goroutines in flight on one ring), beside a VM that floods its
+// ring with allocations, frees and bad requests: every context verifies,
+// the honest VM too, and the flooder holds nothing when it lets go.
+func TestPVDRMConcurrentContextsAndFlood(t *testing.T) {
+	agg, _ := newTestAggregator(t, 2)
+	good := startPVDRM(t, agg, "good", "pvdrm-pooling")
+	bad := startPVDRM(t, agg, "flood", "pvdrm")
+	stop := make(chan struct{})
+	flooded := make(chan int, 4)
+	for range 4 {
+		go func() {
+			n := 0
+			f := bad.open(t)
+			for {
+				select {
+				case <-stop:
+					bad.do(t, pvdrm.Request{Op: pvdrm.OpClose, File: f})
+					flooded <- n
+					return
+				default:
+				}
+				rsp, st := bad.do(t, pvdrm.Request{Op: pvdrm.OpGEMNew, File: f, Args: map[string]uint64{"size": 1 << 20, "domain": pvdrm.DomainVRAM}})
+				if st == 0 {
+					bad.do(t, pvdrm.Request{Op: pvdrm.OpGEMClose, File: f, Args: map[string]uint64{"handle": rsp.Results["handle"]}})
+				}
+				bad.do(t, pvdrm.Request{Op: pvdrm.OpGEMInfo, File: f, Args: map[string]uint64{"handle": 99999}})
+				n += 3
+			}
+		}()
+	}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			ctx, err := gdev.NewContextOn(good.driver())
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer ctx.Close()
+			for range 5 {
+				if err := maddOnce(ctx, 16); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("a context of the good VM: %v", err)
+		}
+	}
+	close(stop)
+	total := 0
+	for range 4 {
+		total += <-flooded
+	}
+	if total == 0 {
+		t.Fatal("the flood made no requests")
+	}
+	// What the flooder made is freed: with its files closed, the back end
+	// holds no buffers and no files for it (read once it stopped serving).
+	bad.halt()
+	if objects, files := bad.b.objects, len(bad.b.files); objects != 0 || files != 0 {
+		t.Errorf("after the flood the back end holds %d buffers in %d files", objects, files)
+	}
+	t.Logf("flood: %d requests, %d rejected", total, bad.b.VGPU().Counters().PVDRMRejected)
+}

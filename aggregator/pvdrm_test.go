@@ -24,9 +24,21 @@ type pvdrmGuest struct {
 	front  *pvdrm.Local
 	cancel context.CancelFunc
 	served chan error
+	halted bool
 }
 
 func (g *pvdrmGuest) driver() gdev.Driver { return gdev.PVDRM(g.c, g.shares) }
+
+// halt stops the back end's serving goroutine (its state may then be
+// read).
+func (g *pvdrmGuest) halt() {
+	if g.halted {
+		return
+	}
+	g.cancel()
+	<-g.served
+	g.halted = true
+}
 
 // stop ends the back end as a vanished front end does, and detaches.
 func (g *pvdrmGuest) stop(t testing.TB) {
@@ -34,8 +46,7 @@ func (g *pvdrmGuest) stop(t testing.TB) {
 	if g.cancel == nil {
 		return
 	}
-	g.cancel()
-	<-g.served
+	g.halt()
 	if err := g.b.Close(); err != nil {
 		t.Errorf("back end close: %v", err)
 	}
