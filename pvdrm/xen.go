@@ -70,6 +70,31 @@ func peerAlive(mem []byte, off int) bool {
 	return byte(w>>(8*(4-off))) != 0 // little-endian: the last byte is the top one
 }
 
+// unmapNotifier is a ring mapping whose disappearance the kernel can
+// announce (GrantedPages in the guest, GrantMapping in dom0).
+type unmapNotifier interface {
+	SetUnmapNotify(off int, action, port uint32) error
+}
+
+// armLiveness sets this end's liveness byte, off bytes from the end of the
+// ring, and has the kernel clear it and kick port when this end's mapping
+// goes (the process exits or closes the transport).
+func armLiveness(mem []byte, ring unmapNotifier, off int, port uint32) error {
+	mem[len(mem)-off] = 1
+	return ring.SetUnmapNotify(len(mem)-off, xen.UnmapNotifyClearByte|xen.UnmapNotifySendEvent, port)
+}
+
+// xenEvents is an end's event channel: Notify kicks the other end, Wait
+// blocks until it kicked, ctx is done (its error), or max passes (nil).
+type xenEvents struct{ ev *xen.Evtchn }
+
+// Notify kicks the other end.
+func (e xenEvents) Notify() error { return e.ev.Notify() }
+
+// Wait blocks until the other end kicked, ctx is done (its error), or max
+// passes (nil).
+func (e xenEvents) Wait(ctx context.Context, max time.Duration) error { return e.ev.Wait(ctx, max) }
+
 // XenFrontConfig configures a front end.
 type XenFrontConfig struct {
 	// Xenstore is the connection to xenstore (required).
@@ -92,10 +117,10 @@ type XenFrontConfig struct {
 // XenFront is the front end (guest) of the xen transport. Notify and Wait
 // may be called concurrently with each other, not with Close.
 type XenFront struct {
-	link         *xenbus.Front
-	gnt          *xen.Gntalloc
-	ring         *xen.GrantedPages
-	ev           *xen.Evtchn
+	link *xenbus.Front
+	gnt  *xen.Gntalloc
+	ring *xen.GrantedPages
+	xenEvents
 	closeTimeout time.Duration
 }
 
@@ -150,8 +175,7 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	if err := x.ev.BindUnbound(back); err != nil {
 		return err
 	}
-	mem[len(mem)-xenFrontAliveOff] = 1
-	if err := x.ring.SetUnmapNotify(len(mem)-xenFrontAliveOff, xen.UnmapNotifyClearByte|xen.UnmapNotifySendEvent, x.ev.Port()); err != nil {
+	if err := armLiveness(mem, x.ring, xenFrontAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
 	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port()); err != nil {
@@ -168,13 +192,6 @@ func (x *XenFront) Ring() []byte {
 	}
 	return x.ring.Mem()
 }
-
-// Notify kicks the back end.
-func (x *XenFront) Notify() error { return x.ev.Notify() }
-
-// Wait blocks until the back end kicked, ctx is done (its error), or max
-// passes (nil).
-func (x *XenFront) Wait(ctx context.Context, max time.Duration) error { return x.ev.Wait(ctx, max) }
 
 // PeerGone reports whether the back end's mapping of the ring went away
 // (its process exited or closed the transport).
@@ -243,10 +260,10 @@ type XenBackConfig struct {
 // XenBack is the back end (dom0) of the xen transport. Notify and Wait
 // may be called concurrently with each other, not with Close.
 type XenBack struct {
-	link    *xenbus.Back
-	gnt     *xen.Gntdev
-	ring    *xen.GrantMapping
-	ev      *xen.Evtchn
+	link *xenbus.Back
+	gnt  *xen.Gntdev
+	ring *xen.GrantMapping
+	xenEvents
 	version uint32
 }
 
@@ -299,8 +316,7 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if err := x.ev.BindInterdomain(front, r.Port); err != nil {
 		return err
 	}
-	mem[len(mem)-xenBackAliveOff] = 1
-	if err := x.ring.SetUnmapNotify(len(mem)-xenBackAliveOff, xen.UnmapNotifyClearByte|xen.UnmapNotifySendEvent, x.ev.Port()); err != nil {
+	if err := armLiveness(mem, x.ring, xenBackAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
 	return x.link.Connect(ctx)
@@ -313,13 +329,6 @@ func (x *XenBack) Ring() []byte {
 	}
 	return x.ring.Mem()
 }
-
-// Notify kicks the front end.
-func (x *XenBack) Notify() error { return x.ev.Notify() }
-
-// Wait blocks until the front end kicked, ctx is done (its error), or max
-// passes (nil).
-func (x *XenBack) Wait(ctx context.Context, max time.Duration) error { return x.ev.Wait(ctx, max) }
 
 // PeerGone reports whether the front end's grant went away (its process
 // exited or closed the transport): its unmap notification cleared the
