@@ -399,3 +399,55 @@ func TestPVDRMConcurrentContextsAndFlood(t *testing.T) {
 	}
 	t.Logf("flood: %d requests, %d rejected", total, bad.b.VGPU().Counters().PVDRMRejected)
 }
+
+// A buffer closed while a kernel still writes into it stays mapped as long
+// as the kernel runs, and is freed once the channel is stopped.
+func TestPVDRMBufferClosedUnderRunningKernel(t *testing.T) {
+	agg, _ := newTestAggregator(t, 1)
+	var zombies atomic.Int64
+	g := startPVDRMWith(t, agg, "vm", "pvdrm", func(g *pvdrmGuest) {
+		// Runs in the back end's goroutine before each request: count the
+		// closed buffers it still keeps for the GPU.
+		g.b.afterCopy = func() {
+			n := 0
+			for _, f := range g.b.files {
+				n += len(f.zombies)
+			}
+			zombies.Store(int64(n))
+		}
+	})
+	ctx, err := gdev.NewContextOn(g.driver())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ctx.MemAlloc(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop, err := ctx.LoadFunction(nvc0.KernelLoop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.LaunchRepeat(loop, 1, 1<<40, out.VA); err != nil { // runs until its channel is stopped
+		t.Fatal(err)
+	}
+	if err := ctx.MemFree(out); err != nil { // GEM_CLOSE while the kernel writes into it
+		t.Fatal(err)
+	}
+	probe := func() int { // the count as the back end saw it before answering this request
+		g.do(t, pvdrm.Request{Op: pvdrm.OpGetParam, File: 0xFFFF, Args: map[string]uint64{"param": pvdrm.ParamChipset}})
+		return int(zombies.Load())
+	}
+	for range 3 {
+		if n := probe(); n != 1 {
+			t.Fatalf("while the kernel runs the back end keeps %d closed buffers, want the busy one", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := ctx.Close(); err != nil { // stops the channel, closes the file
+		t.Fatal(err)
+	}
+	if n := probe(); n != 0 {
+		t.Errorf("after the channel stopped %d closed buffers are still kept", n)
+	}
+}

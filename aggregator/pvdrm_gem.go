@@ -94,8 +94,9 @@ func (b *PVDRMBackend) opGEMInfo(_ context.Context, f *pvFile, r pvdrm.Request) 
 	return map[string]uint64{"domain": uint64(g.domain), "gpu_va": g.va, "size": g.size}, 0
 }
 
-// opGEMClose drops a handle. A buffer the GPU still uses is freed once it
-// is done (a zombie), as DRM keeps a busy buffer until its fences signal.
+// opGEMClose drops a handle. A buffer the GPU may still use is freed once
+// the file's work in flight is done (a zombie), as DRM keeps a busy buffer
+// until its fences signal.
 func (b *PVDRMBackend) opGEMClose(_ context.Context, f *pvFile, r pvdrm.Request) (map[string]uint64, int32) {
 	h := uint32(r.Args["handle"])
 	g := f.gems[h]
@@ -103,6 +104,17 @@ func (b *PVDRMBackend) opGEMClose(_ context.Context, f *pvFile, r pvdrm.Request)
 		return nil, -pvdrm.ENOENT
 	}
 	delete(f.gems, h)
+	// A kernel reaches buffers through pointers in its parameters, which
+	// no PUSHBUF lists: the file's work still in flight may use any of
+	// its buffers, so a closed one waits for all of it.
+	for _, c := range f.chans {
+		if c.last != 0 {
+			if g.busy == nil {
+				g.busy = map[*pvChan]uint32{}
+			}
+			g.busy[c] = c.last
+		}
+	}
 	if !g.idle() {
 		f.zombies = append(f.zombies, g)
 		return nil, 0

@@ -29,6 +29,7 @@ type pvFile struct {
 type pvChan struct {
 	ch    *nouveau.Channel
 	freed atomic.Bool // stopped: nothing of it runs any more
+	last  uint32      // the fence of its last submission (0: none)
 }
 
 // done reports whether fence seq passed on c (or c stopped, so nothing
@@ -267,6 +268,7 @@ func (b *PVDRMBackend) opPushbuf(_ context.Context, f *pvFile, r pvdrm.Request) 
 		b.v.gripeLog("pvdrm pushbuf", "err", err)
 		return nil, -pvdrm.EIO
 	}
+	c.last = seq
 	for _, g := range used {
 		if g.busy == nil {
 			g.busy = map[*pvChan]uint32{}
