@@ -52,7 +52,13 @@ type Options struct {
 	// be passed through with BAR remap. Default: trapped doorbells.
 	PollDoorbells bool
 	PollInterval  time.Duration // default 50 µs
-	Logger        *slog.Logger
+	// DomainRAM maps the memory of a Xen domain whose device model offers
+	// it (ipc.RAMXen: a guest on real Xen, whose RAM no memfd holds):
+	// guest-physical address a at byte a of the result, size bytes, and how
+	// to unmap it. Nil refuses such device models: the daemon is not
+	// running on Xen (gpuvm serve --xen sets it).
+	DomainRAM func(domid uint32, size uint64) ([]byte, func() error, error)
+	Logger    *slog.Logger
 }
 
 // ErrDuplicate is returned when a guest claims the domid or name of a VM

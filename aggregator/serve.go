@@ -85,11 +85,25 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		_ = p.Reject(fmt.Sprintf("mode %q is not served (have %v)", h.Mode, Modes()))
 		return
 	}
+	if h.RAMSource == ipc.RAMXen {
+		if reason := a.refuseDomainRAM(h); reason != "" {
+			log.Warn("refused", "reason", reason)
+			_ = p.Reject(reason)
+			return
+		}
+	}
 	if config.Mode(h.Mode).IsPVDRM() {
 		a.servePVDRM(ctx, p, log)
 		return
 	}
-	v, err := a.Attach(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}, p.RAM(), h.RAMSize)
+	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}
+	var v *VGPU
+	var err error
+	if h.RAMSource == ipc.RAMXen {
+		v, err = a.attachWith(g, func() ([]byte, func() error, error) { return a.opts.DomainRAM(h.DomID, h.RAMSize) })
+	} else {
+		v, err = a.Attach(g, p.RAM(), h.RAMSize)
+	}
 	if err != nil {
 		log.Warn("refused", "err", err)
 		_ = p.Reject(err.Error())
@@ -159,4 +173,16 @@ func (a *Aggregator) sliceFile(s Slot) (*os.File, error) {
 		return nil, errors.New("the host GPU cannot pass VRAM slices to device models")
 	}
 	return sf.VRAMSegmentFile(s.VRAM.Base, s.VRAM.Size)
+}
+
+// refuseDomainRAM says why a device model offering its Xen domain's own
+// RAM is refused, or "" if it may attach.
+func (a *Aggregator) refuseDomainRAM(h ipc.Hello) string {
+	switch {
+	case a.opts.DomainRAM == nil:
+		return fmt.Sprintf("dom %d (%s) offers the RAM of a Xen domain, but this daemon is not serving Xen guests (start it with gpuvm serve --xen, in dom0)", h.DomID, h.Name)
+	case config.Mode(h.Mode).IsPVDRM():
+		return fmt.Sprintf("dom %d (%s): mode %s on Xen goes over the xen transport (grants, event channels), not a device model", h.DomID, h.Name, h.Mode)
+	}
+	return ""
 }

@@ -61,7 +61,9 @@ type Client struct {
 // sealed with F_SEAL_SHRINK — see CreateMemfd) and extra (at most
 // MaxExtraFiles) attached, and waits for the Welcome. It returns the Welcome
 // and the extra files the server attached, which the caller owns. The caller
-// keeps ownership of ram and extra. A refusal is a *RejectedError.
+// keeps ownership of ram and extra. A refusal is a *RejectedError. With
+// hello.RAMSource RAMXen the guest RAM is the Xen domain's own and ram must
+// be nil.
 //
 // hello is validated locally, except Version (zero means ProtocolVersion):
 // a version mismatch is the server's to report. ctx bounds the handshake only.
@@ -94,7 +96,10 @@ func dial(ctx context.Context, socketPath string, hello Hello, ram *os.File, ext
 	if err := hv.validate(); err != nil {
 		return nil, Welcome{}, nil, fmt.Errorf("invalid hello: %w", err)
 	}
-	if ram == nil {
+	switch {
+	case hello.RAMSource == RAMXen && ram != nil:
+		return nil, Welcome{}, nil, errors.New("a guest RAM file with the RAM of a Xen domain")
+	case hello.RAMSource != RAMXen && ram == nil:
 		return nil, Welcome{}, nil, errors.New("no guest RAM file")
 	}
 	if len(extra) > MaxExtraFiles {
@@ -115,18 +120,25 @@ func dial(ctx context.Context, socketPath string, hello Hello, ram *os.File, ext
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	fds := []int{int(ram.Fd())}
+	var fds []int
+	if ram != nil {
+		fds = append(fds, int(ram.Fd()))
+	}
 	for _, f := range extra {
 		fds = append(fds, int(f.Fd()))
 	}
-	_, _, err = conn.WriteMsgUnix(encodeHello(&hello, len(extra)), unix.UnixRights(fds...), nil)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = conn.WriteMsgUnix(encodeHello(&hello, len(extra)), oob, nil)
 	runtime.KeepAlive(ram)
 	runtime.KeepAlive(extra)
 	if err != nil {
 		return nil, Welcome{}, nil, ctxErr(ctx, fmt.Errorf("sending hello: %w", err))
 	}
 	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(4*(1+MaxExtraFiles)))
+	oob = make([]byte, unix.CmsgSpace(4*(1+MaxExtraFiles)))
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
 	files, ferr := recvFiles(oob[:oobn], flags)
 	defer func() {

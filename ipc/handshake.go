@@ -136,6 +136,14 @@ func (l *Listener) readHello(c *net.UnixConn) (*Pending, error) {
 	if err != nil {
 		return fail(fmt.Errorf("bad hello: %w", err))
 	}
+	if h.RAMSource == RAMXen {
+		// The domain's own memory: every fd is an extra one.
+		if len(files) != nExtra {
+			return fail(fmt.Errorf("hello (RAM of Xen domain %d) announces %d fds but carries %d", h.DomID, nExtra, len(files)))
+		}
+		c.SetReadDeadline(time.Time{})
+		return &Pending{l: l, conn: c, hello: h, extra: files, peer: peerCred(c)}, nil
+	}
 	if len(files) == 0 {
 		return fail(errors.New("hello carries no guest RAM fd"))
 	}
@@ -173,7 +181,8 @@ func (p *Pending) Hello() Hello { return p.hello }
 // RAM returns the guest RAM memfd (validated: a read-write memfd of at least
 // Hello().RAMSize bytes, sealed against shrinking). It belongs to the Pending
 // and then to the ServerConn, which close it; mappings made from it outlive
-// that.
+// that. It is nil when the Hello's RAMSource is RAMXen: the RAM is then the
+// Xen domain's own, for the aggregator to map.
 func (p *Pending) RAM() *os.File { return p.ram }
 
 // Extra returns the extra fds the client attached (unvalidated; at most

@@ -289,6 +289,8 @@ func TestHandshakeValidation(t *testing.T) {
 		{"ram too small", enc(func(h *Hello) { h.RAMSize = 4096 }, 0), []int{ram}, "RAM size 4096"},
 		{"ram too large", enc(func(h *Hello) { h.RAMSize = 128 << 30 }, 0), []int{ram}, "RAM size"},
 		{"bad transport", enc(func(h *Hello) { h.Transport = 3 }, 0), []int{ram}, "unknown transport 3"},
+		{"bad RAM source", patch(enc(nil, 0), 27, 2), []int{ram}, "unknown RAM source 2"},
+		{"xen RAM with a RAM fd", enc(func(h *Hello) { h.RAMSource = RAMXen }, 0), []int{ram}, "announces 0 fds but carries 1"},
 		{"missing fd", enc(nil, 0), nil, "no guest RAM fd"},
 		{"fd count mismatch", enc(nil, 2), []int{ram, ram}, "announces 1+2 fds but carries 2"},
 		{"too many extra announced", patch(enc(nil, 0), 26, 9), []int{ram}, "9 extra fds"},
@@ -345,11 +347,71 @@ func TestHandshakeValidation(t *testing.T) {
 	if _, _, _, err := Dial(context.Background(), ts.path, good, nil, nil, nil); err == nil {
 		t.Fatal("Dial without RAM accepted")
 	}
+	xh := good
+	xh.RAMSource = RAMXen
+	if _, _, _, err := Dial(context.Background(), ts.path, xh, testRAM(t, 1<<20), nil, nil); err == nil {
+		t.Fatal("Dial with a RAM file and the RAM of a Xen domain accepted")
+	}
 	// A memfd without the shrink seal is refused by the server.
 	f, _ := createSealedMemfd("unsealed", 1<<20, 0)
 	defer f.Close()
 	_, _, _, err = Dial(context.Background(), ts.path, good, f, nil, nil)
 	wantErrContains(t, err, "F_SEAL_SHRINK")
+}
+
+// TestXenRAMHello: a device model whose guest RAM is the Xen domain's own
+// sends no RAM fd; its extra fds arrive as extras, and the server sees the
+// source to map the domain's frames.
+func TestXenRAMHello(t *testing.T) {
+	path := t.TempDir() + "/x.sock"
+	l, err := Listen(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type seen struct {
+		h     Hello
+		ram   bool
+		extra string
+		err   error
+	}
+	got := make(chan seen, 1)
+	go func() {
+		p, err := l.Accept(context.Background())
+		if err != nil {
+			got <- seen{err: err}
+			return
+		}
+		s := seen{h: p.Hello(), ram: p.RAM() != nil}
+		for _, f := range p.Extra() {
+			b := make([]byte, 4)
+			f.ReadAt(b, 0)
+			s.extra += string(b)
+		}
+		sc, err := p.Accept(Welcome{VGPU: 3}, nil)
+		if err == nil {
+			sc.Close()
+		}
+		s.err = err
+		got <- s
+	}()
+	extra := testRAM(t, 4096)
+	extra.WriteAt([]byte("xtra"), 0)
+	h := testHello("hvm-1", TransportShm)
+	h.RAMSource = RAMXen
+	c, w, files, err := Dial(context.Background(), path, h, nil, []*os.File{extra}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFiles(files)
+	defer c.Close()
+	s := <-got
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if w.VGPU != 3 || s.h.RAMSource != RAMXen || s.ram || s.extra != "xtra" {
+		t.Fatalf("welcome %+v, server saw %+v", w, s)
+	}
 }
 
 // TestHandshakeTimeout: a client that connects and says nothing is dropped,

@@ -43,6 +43,32 @@ const (
 	TransportSocket Transport = 2 // fixed-size frames on the Unix socket
 )
 
+// RAMSource says where the aggregator finds the guest's RAM.
+type RAMSource uint8
+
+const (
+	// RAMMemfd is a memfd sent with the Hello as its first fd: the
+	// in-process harness's VMs and any device model that owns its guest's
+	// memory.
+	RAMMemfd RAMSource = 0
+	// RAMXen is the memory of Xen domain DomID itself: no RAM fd travels;
+	// the aggregator maps the domain's frames 0..RAMSize/4096 by foreign
+	// mapping (privcmd), so GPU DMA for the VM reaches that domain's frames
+	// and no others. An aggregator not running on Xen refuses it.
+	RAMXen RAMSource = 1
+)
+
+// String names the source: "memfd" or "xen".
+func (s RAMSource) String() string {
+	switch s {
+	case RAMMemfd:
+		return "memfd"
+	case RAMXen:
+		return "xen"
+	}
+	return fmt.Sprintf("RAMSource(%d)", uint8(s))
+}
+
 // String returns "shm", "socket" or "transport(N)".
 func (t Transport) String() string {
 	switch t {
@@ -103,6 +129,9 @@ type Hello struct {
 	RAMSize uint64
 	// Transport is the MMIO transport the client wants.
 	Transport Transport
+	// RAMSource says where the guest RAM is: a memfd sent as the first fd
+	// (the default) or the Xen domain's own memory.
+	RAMSource RAMSource
 }
 
 // Welcome is the aggregator's acceptance of a Hello.
@@ -398,6 +427,9 @@ func (h *Hello) validate() error {
 	if h.Transport != TransportShm && h.Transport != TransportSocket {
 		return fmt.Errorf("unknown transport %d", uint32(h.Transport))
 	}
+	if h.RAMSource != RAMMemfd && h.RAMSource != RAMXen {
+		return fmt.Errorf("unknown RAM source %d", uint8(h.RAMSource))
+	}
 	return nil
 }
 
@@ -412,6 +444,7 @@ func encodeHello(h *Hello, nExtra int) []byte {
 	b[24] = byte(len(h.Name))
 	b[25] = byte(len(h.Mode))
 	b[26] = byte(nExtra)
+	b[27] = byte(h.RAMSource)
 	copy(b[32:32+MaxNameLen], h.Name)
 	copy(b[96:96+MaxModeLen], h.Mode)
 	return b
@@ -428,10 +461,11 @@ func decodeHello(b []byte) (Hello, int, error) {
 		DomID:     le.Uint32(b[8:]),
 		Transport: Transport(le.Uint32(b[12:])),
 		RAMSize:   le.Uint64(b[16:]),
+		RAMSource: RAMSource(b[27]),
 	}
 	nameLen, modeLen, nExtra := int(b[24]), int(b[25]), int(b[26])
-	if b[27] != 0 || le.Uint32(b[28:]) != 0 {
-		return Hello{}, 0, fmt.Errorf("hello: reserved bytes 27..31 not zero")
+	if le.Uint32(b[28:]) != 0 {
+		return Hello{}, 0, fmt.Errorf("hello: reserved bytes 28..31 not zero")
 	}
 	if nameLen > MaxNameLen {
 		return Hello{}, 0, fmt.Errorf("domain name length %d not in 1..%d", nameLen, MaxNameLen)

@@ -84,6 +84,45 @@ func Map(m Mapper, dom uint16, frames []uint64) (*RAM, error) {
 	return mapChunked(m, dom, frames, ChunkPages)
 }
 
+// MapPopulated maps the first pages guest-physical pages of domain dom, an
+// HVM or PVH guest (frame = guest page), whose layout the caller does not
+// know: the frames the domain has no RAM behind (the VGA hole, the MMIO
+// hole, pages beyond its memory) become holes. It probes each chunk once,
+// then maps the populated frames as Map does; a domain that balloons in
+// between makes it fail rather than map a frame it no longer owns.
+func MapPopulated(m Mapper, dom uint16, pages int) (*RAM, error) {
+	return mapPopulated(m, dom, pages, ChunkPages)
+}
+
+func mapPopulated(m Mapper, dom uint16, pages, chunk int) (*RAM, error) {
+	if pages < 1 || pages > MaxPages {
+		return nil, fmt.Errorf("foreign RAM of domain %d: %d pages, want 1..%d", dom, pages, MaxPages)
+	}
+	frames := make([]uint64, pages)
+	for i := range frames {
+		frames[i] = uint64(i)
+	}
+	scratch, err := unix.Mmap(-1, 0, min(pages, chunk)*xen.PageSize, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("foreign RAM of domain %d: reserve a probe window: %w", dom, err)
+	}
+	defer unix.Munmap(scratch)
+	for off := 0; off < pages; off += chunk {
+		n := min(chunk, pages-off)
+		err := m.MapForeignInto(scratch[:n*xen.PageSize], dom, frames[off:off+n])
+		var be *privcmd.BatchError
+		switch {
+		case errors.As(err, &be):
+			for _, i := range be.Indices {
+				frames[off+i] = Hole
+			}
+		case err != nil:
+			return nil, fmt.Errorf("foreign RAM of domain %d: probing guest pages %#x..%#x: %w", dom, off, off+n-1, err)
+		}
+	}
+	return Map(m, dom, frames)
+}
+
 // mapChunked is Map with chunk frames per mapping at most.
 func mapChunked(m Mapper, dom uint16, frames []uint64, chunk int) (*RAM, error) {
 	if len(frames) < 1 || len(frames) > MaxPages {

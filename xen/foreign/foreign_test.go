@@ -63,6 +63,7 @@ func (d *fakeDomain) MapForeignInto(dst []byte, dom uint16, gfns []uint64) error
 		if d.bad[gfns[i]] || gfns[i] >= d.frames {
 			be.Failed++
 			be.First = append(be.First, privcmd.FrameError{Index: i, GFN: gfns[i], Err: unix.EINVAL})
+			be.Indices = append(be.Indices, i)
 			i++
 			continue
 		}
@@ -217,5 +218,47 @@ func TestMapFailures(t *testing.T) {
 	}
 	if len(d.calls) != 0 {
 		t.Fatalf("refused lists reached the mapper: %v", d.calls)
+	}
+}
+
+// TestMapPopulated maps the first pages of a domain whose layout nobody
+// told us: unpopulated frames (here the VGA hole and the end) become zero
+// pages, the rest are the domain's own, and nothing stays mapped from the
+// probe.
+func TestMapPopulated(t *testing.T) {
+	d := newFakeDomain(t, 40)
+	for g := uint64(0xA); g < 0xC; g++ {
+		d.bad[g] = true
+	}
+	ram, err := mapPopulated(d, 5, 48, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ram.Close()
+	want := []Extent{{0, 0xA}, {0xC, 40 - 0xC}}
+	if got := ram.Extents(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("extents %v, want %v", got, want)
+	}
+	b := ram.Bytes()
+	for _, p := range []uint64{0, 9, 0xC, 39} {
+		if got := stamp(b, p); got != 0xd0d0<<48|p {
+			t.Fatalf("page %#x holds %#x", p, got)
+		}
+	}
+	for _, p := range []uint64{0xA, 0xB, 40, 47} {
+		if got := stamp(b, p); got != 0 {
+			t.Fatalf("hole %#x holds %#x", p, got)
+		}
+	}
+	if ram.Contains(0xA*xen.PageSize, 8) || !ram.Contains(0xC*xen.PageSize, 8) {
+		t.Fatal("Contains does not tell the hole")
+	}
+	ram.Close()
+	if n := mappedHere(t); n != 0 {
+		t.Fatalf("%d mappings left after Close", n)
+	}
+	// A domain with no frame at all is an error, not an empty RAM.
+	if _, err := mapPopulated(newFakeDomain(t, 0), 5, 8, 7); err == nil {
+		t.Fatal("a domain without RAM mapped")
 	}
 }

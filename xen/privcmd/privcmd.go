@@ -272,6 +272,8 @@ type BatchError struct {
 	Frames int          // frames asked for
 	Failed int          // how many failed
 	First  []FrameError // the first few (at most 8)
+	// Indices lists every failed frame's index in the batch, ascending.
+	Indices []int
 }
 
 // Error names the domain, the count and the first failures.
@@ -309,6 +311,7 @@ func frameErrors(dom uint16, gfns []uint64, codes []int32) error {
 			e = &BatchError{Dom: dom, Frames: len(gfns)}
 		}
 		e.Failed++
+		e.Indices = append(e.Indices, i)
 		if len(e.First) < maxFrameErrors {
 			errno := unix.EINVAL
 			if c < 0 && c > -4096 {
