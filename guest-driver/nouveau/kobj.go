@@ -1,6 +1,7 @@
 package nouveau
 
 import (
+	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/hwseq"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
@@ -39,10 +40,35 @@ func (d *Device) newKobjZeroing(size, align, zero uint64) (*kobj, error) {
 			o.bar3, o.inBAR3 = va, true
 		}
 	}
-	for off := uint64(0); off < min(zero, size); off += 4 {
-		d.kwr32(o, off, 0)
-	}
+	d.zeroKobj(o, min(zero, size))
 	return o, nil
+}
+
+// zeroKobj clears the first n bytes of o.
+func (d *Device) zeroKobj(o *kobj, n uint64) { d.clearKobj(o, 0, n) }
+
+// clearKobj clears n bytes of o from off: word by word, or in runs when
+// the MMIO stores a run with one string instruction (gpu.Filler; on Xen
+// one trap per run instead of one per word).
+func (d *Device) clearKobj(o *kobj, off, n uint64) {
+	f, ok := d.mmio.(gpu.Filler)
+	switch {
+	case !ok:
+		for end := off + n; off < end; off += 4 {
+			d.kwr32(o, off, 0)
+		}
+	case o.inBAR3:
+		f.Fill32(nvc0.BAR3, o.bar3+off, 0, int(n/4))
+	default:
+		for end := off + n; off < end; {
+			d.prMu.Lock()
+			p := d.praminOffset(o.addr + off)
+			run := min(end-off, nvc0.PRAMINBase+nvc0.PRAMINSize-p)
+			f.Fill32(nvc0.BAR0, p, 0, int(run/4))
+			d.prMu.Unlock()
+			off += run
+		}
+	}
 }
 
 // freeKobj unmaps and frees a kernel object.

@@ -197,6 +197,10 @@ func (m fvMMU) newTable(pde uint64) (pageTable, error) {
 }
 
 func (m fvMMU) write(pt pageTable, idx, count uint64, pte func(i uint64) nvc0.PTE) error {
+	if pte == nil {
+		m.vm.d.clearKobj(pt.obj, idx*nvc0.PTESize, count*nvc0.PTESize)
+		return nil
+	}
 	for i := range count {
 		var lo, hi uint32
 		if pte != nil {

@@ -81,8 +81,8 @@ func (c Claim) covers(r Request) bool {
 	if r.Kind == KindPCIConfig {
 		return privcmd.SBDF(c.Base) == r.Device
 	}
-	size := uint64(r.Size)
-	return size <= c.Size && r.Addr >= c.Base && r.Addr-c.Base <= c.Size-size
+	lo, n := r.Span()
+	return n <= c.Size && lo >= c.Base && lo-c.Base <= c.Size-n
 }
 
 // Claim has the server serve c too (on Xen, the range is claimed from

@@ -24,6 +24,7 @@ func FuzzDecode(f *testing.F) {
 		{Addr: 0x28<<32 | 0x10, Count: 1, Size: 4, Bits: StateReady | bitsDir, Type: typePCIConfig},
 		{Addr: 0x1000, Data: 0x7000, Count: 16, Size: 4, Bits: StateReady | bitsDataIsPtr | bitsDF, Type: typeCopy},
 		{Addr: 0x1000, Count: 1, Size: 3, Bits: StateReady, Type: typeCopy},
+		{Addr: 0x1ffc, Data: 0, Count: 1024, Size: 4, Bits: StateReady | bitsDF, Type: typeCopy},
 	} {
 		f.Add(unsafe.Slice((*byte)(unsafe.Pointer(&r)), SlotSize))
 	}
@@ -39,8 +40,10 @@ func FuzzDecode(f *testing.F) {
 		switch {
 		case req.Size != 1 && req.Size != 2 && req.Size != 4 && req.Size != 8:
 			t.Fatalf("size %d accepted", req.Size)
-		case r.Count != 1 || r.DataIsPtr() || r.State() != StateReady:
+		case r.Count < 1 || r.Count > MaxReps || r.Count > 1 && req.Kind != KindMMIO || r.DataIsPtr() || r.State() != StateReady:
 			t.Fatalf("accepted %+v", r)
+		case req.Kind == KindMMIO && func() bool { lo, n := req.Span(); return lo+n-1 < lo || lo > req.Addr }():
+			t.Fatalf("wrapping rep %+v accepted", req)
 		case req.Data&^req.Mask() != 0:
 			t.Fatalf("data %#x wider than %d bytes", req.Data, req.Size)
 		case req.Kind == KindPIO && req.Addr+uint64(req.Size) > portSpace:

@@ -101,6 +101,29 @@ type Request struct {
 	Size int
 	// Data is the value written (Size bytes), 0 for a read.
 	Data uint64
+	// Count is how many times the access repeats (a REP STOS or MOVS
+	// with immediate data: 1..MaxReps, MMIO only), each Size bytes
+	// further on, or back with Down (the direction flag). Zero means 1.
+	Count int
+	Down  bool
+}
+
+// MaxReps bounds a repeated access: Xen clips a string instruction's
+// repetitions to 4096 per ioreq (hvmemul_virtual_to_linear).
+const MaxReps = 4096
+
+// Reps returns how many accesses the request makes (Count, at least 1).
+func (r Request) Reps() int { return max(r.Count, 1) }
+
+// Span returns the lowest address the request touches and its length in
+// bytes, all repetitions included.
+func (r Request) Span() (lo, n uint64) {
+	n = uint64(r.Reps()) * uint64(r.Size)
+	lo = r.Addr
+	if r.Down {
+		lo = r.Addr - n + uint64(r.Size)
+	}
+	return lo, n
 }
 
 // Mask returns the value mask of the request's size.
@@ -125,6 +148,12 @@ func (r Request) String() string {
 		where = fmt.Sprintf("%v+%#x", r.Device, r.Addr)
 	}
 	s := fmt.Sprintf("vcpu%d %v %s%d %s", r.VCPU, r.Kind, dir, 8*r.Size, where)
+	if r.Reps() > 1 {
+		s += fmt.Sprintf(" ×%d", r.Reps())
+		if r.Down {
+			s += " down"
+		}
+	}
 	if r.Write {
 		s += fmt.Sprintf(" = %#x", r.Data)
 	}
@@ -133,7 +162,10 @@ func (r Request) String() string {
 
 // Raw returns the ioreq_t Xen posts for r: state READY, count 1.
 func (r Request) Raw() Raw {
-	raw := Raw{Addr: r.Addr, Count: 1, Size: uint32(r.Size), Bits: StateReady, Type: uint8(r.Kind)}
+	raw := Raw{Addr: r.Addr, Count: uint32(r.Reps()), Size: uint32(r.Size), Bits: StateReady, Type: uint8(r.Kind)}
+	if r.Down {
+		raw.Bits |= bitsDF
+	}
 	if r.Kind == KindPCIConfig {
 		raw.Addr = uint64(r.Device)<<32 | r.Addr&0xffffffff
 	}
@@ -175,8 +207,10 @@ func Decode(r Raw) (Request, error) {
 	switch {
 	case r.Count == 0:
 		return Request{}, fmt.Errorf("%w: %v with count 0", ErrMalformed, kind)
-	case r.Count > 1:
-		return Request{}, fmt.Errorf("%w: %v rep operation (count %d): gpuvm serves single accesses", ErrUnsupported, kind, r.Count)
+	case r.Count > 1 && kind != KindMMIO:
+		return Request{}, fmt.Errorf("%w: %v rep operation (count %d): gpuvm serves repeated MMIO only", ErrUnsupported, kind, r.Count)
+	case r.Count > MaxReps:
+		return Request{}, fmt.Errorf("%w: %v rep operation of count %d (Xen sends at most %d)", ErrMalformed, kind, r.Count, MaxReps)
 	}
 	size := int(r.Size)
 	switch {
@@ -185,11 +219,12 @@ func Decode(r Raw) (Request, error) {
 	case size == 8 && kind != KindMMIO:
 		return Request{}, fmt.Errorf("%w: %v of size 8 (port and config accesses are at most 4 bytes)", ErrMalformed, kind)
 	}
-	req := Request{Kind: kind, Write: !r.Read(), Addr: r.Addr, Size: size}
+	req := Request{Kind: kind, Write: !r.Read(), Addr: r.Addr, Size: size, Count: int(r.Count), Down: r.DF() && r.Count > 1}
 	switch kind {
 	case KindMMIO:
-		if r.Addr+uint64(size)-1 < r.Addr {
-			return Request{}, fmt.Errorf("%w: MMIO %d bytes at %#x wraps", ErrMalformed, size, r.Addr)
+		n := uint64(r.Count) * uint64(size)
+		if req.Down && r.Addr < n-uint64(size) || !req.Down && r.Addr+n-1 < r.Addr {
+			return Request{}, fmt.Errorf("%w: MMIO %d×%d bytes at %#x wraps", ErrMalformed, r.Count, size, r.Addr)
 		}
 	case KindPIO:
 		if r.Addr+uint64(size) > portSpace {

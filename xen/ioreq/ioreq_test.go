@@ -68,6 +68,38 @@ func TestDecodeEverySize(t *testing.T) {
 	}
 }
 
+// TestDecodeReps: a REP STOS to MMIO arrives as one request with a count
+// (and the direction flag); its span is what the claims must cover.
+func TestDecodeReps(t *testing.T) {
+	up := raw(typeCopy, false, 0x1000, 7, 4, 1024)
+	req, err := Decode(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo, n := req.Span(); req.Reps() != 1024 || req.Down || lo != 0x1000 || n != 4096 || req.Data != 7 {
+		t.Fatalf("up: %+v span %#x+%#x", req, lo, n)
+	}
+	down := up
+	down.Addr, down.Bits = 0x1ffc, down.Bits|bitsDF
+	if req, err = Decode(down); err != nil {
+		t.Fatal(err)
+	}
+	if lo, n := req.Span(); !req.Down || lo != 0x1000 || n != 4096 {
+		t.Fatalf("down: %+v span %#x+%#x", req, lo, n)
+	}
+	if back, err := Decode(req.Raw()); err != nil || back != req {
+		t.Fatalf("round trip: %+v, %v", back, err)
+	}
+	c := MMIO(0x1000, 4096)
+	if !c.covers(req) {
+		t.Fatal("a claim does not cover a rep inside it")
+	}
+	req.Count++
+	if c.covers(req) {
+		t.Fatal("a claim covers a rep running out of it")
+	}
+}
+
 // TestDecodeRefuses feeds hostile and unsupported requests: each is
 // refused with the right class of error and never panics.
 func TestDecodeRefuses(t *testing.T) {
@@ -86,8 +118,11 @@ func TestDecodeRefuses(t *testing.T) {
 		"size 16":            {with(func(r *Raw) { r.Size = 16 }), ErrMalformed},
 		"size huge":          {with(func(r *Raw) { r.Size = 0xffffffff }), ErrMalformed},
 		"count 0":            {with(func(r *Raw) { r.Count = 0 }), ErrMalformed},
-		"rep count 2":        {with(func(r *Raw) { r.Count = 2 }), ErrUnsupported},
-		"rep count huge":     {with(func(r *Raw) { r.Count = 0xffffffff }), ErrUnsupported},
+		"port rep count 2":   {with(func(r *Raw) { r.Type = typePIO; r.Addr = 0x80; r.Count = 2 }), ErrUnsupported},
+		"rep count huge":     {with(func(r *Raw) { r.Count = 0xffffffff }), ErrMalformed},
+		"rep count 4097":     {with(func(r *Raw) { r.Count = MaxReps + 1 }), ErrMalformed},
+		"rep wraps up":       {with(func(r *Raw) { r.Addr = 1<<64 - 8; r.Count = 3 }), ErrMalformed},
+		"rep wraps down":     {with(func(r *Raw) { r.Addr = 4; r.Count = 3; r.Bits |= bitsDF }), ErrMalformed},
 		"data_is_ptr":        {with(func(r *Raw) { r.Bits |= bitsDataIsPtr; r.Count = 16 }), ErrUnsupported},
 		"data_is_ptr single": {with(func(r *Raw) { r.Bits |= bitsDataIsPtr }), ErrUnsupported},
 		"timeoffset":         {with(func(r *Raw) { r.Type = 7 }), ErrUnsupported},

@@ -116,7 +116,7 @@ func TestServeRefuses(t *testing.T) {
 	read := ioreq.Request{Kind: ioreq.KindMMIO, Addr: barBase, Size: 4}.Raw()
 	for name, r := range map[string]ioreq.Raw{
 		"data_is_ptr": func() ioreq.Raw { r := read; r.Bits |= 0x10; r.Count = 4; return r }(),
-		"rep":         func() ioreq.Raw { r := read; r.Count = 100; return r }(),
+		"rep":         func() ioreq.Raw { r := read; r.Addr = barBase + barSize - 8; r.Count = 3; return r }(),
 		"count 0":     func() ioreq.Raw { r := read; r.Count = 0; return r }(),
 		"size 3":      func() ioreq.Raw { r := read; r.Size = 3; return r }(),
 		"timeoffset":  func() ioreq.Raw { r := read; r.Type = 7; return r }(),
@@ -137,8 +137,8 @@ func TestServeRefuses(t *testing.T) {
 		t.Fatalf("stats %+v, handler called %d times", st, dev.calls.Load())
 	}
 	// A refused write leaves the slot's data alone and the device untouched.
-	w := ioreq.Request{Kind: ioreq.KindMMIO, Write: true, Addr: barBase, Size: 4, Data: 5}.Raw()
-	w.Count = 2
+	w := ioreq.Request{Kind: ioreq.KindMMIO, Write: true, Addr: barBase + barSize - 4, Size: 4, Data: 5}.Raw()
+	w.Count = 2 // runs out of the BAR
 	if got, err := x.Do(ctx, 0, w); err != nil || got.Data != 5 || len(dev.regs) != 0 {
 		t.Fatalf("refused write: %+v, %v", got, err)
 	}
