@@ -60,11 +60,33 @@ func bars() []barDef {
 type ConfigSpace struct {
 	mu   sync.Mutex
 	regs [pciConfigSize]byte
+	bars []barDef
 }
 
 // NewConfigSpace returns the config space of a Quadro 6000.
-func NewConfigSpace() *ConfigSpace {
-	c := &ConfigSpace{}
+func NewConfigSpace() *ConfigSpace { return newConfigSpace(bars()) }
+
+// NewConfigSpaceApertures returns the config space of a Quadro 6000 whose
+// BAR1 and BAR3 apertures are bar1 and bar3 bytes: a vGPU's slices, so that
+// a guest sizing its BARs learns what it may use. Each must be a power of
+// two from 4 KiB up to the board's BAR.
+func NewConfigSpaceApertures(bar1, bar3 uint64) (*ConfigSpace, error) {
+	defs := bars()
+	for i, d := range defs {
+		want := map[int]uint64{nvc0.BAR1: bar1, nvc0.BAR3: bar3}[d.index]
+		if want == 0 {
+			continue
+		}
+		if want < nvc0.PageSize || want > d.size || want&(want-1) != 0 {
+			return nil, fmt.Errorf("BAR%d aperture of %d bytes: want a power of two in %d..%d", d.index, want, nvc0.PageSize, d.size)
+		}
+		defs[i].size = want
+	}
+	return newConfigSpace(defs), nil
+}
+
+func newConfigSpace(defs []barDef) *ConfigSpace {
+	c := &ConfigSpace{bars: defs}
 	le := binary.LittleEndian
 	le.PutUint16(c.regs[pciVendorID:], nvc0.PCIVendorNVIDIA)
 	le.PutUint16(c.regs[pciDeviceID:], nvc0.PCIDeviceQuadro6000)
@@ -74,7 +96,7 @@ func NewConfigSpace() *ConfigSpace {
 	le.PutUint16(c.regs[pciSubVendorID:], nvc0.PCIVendorNVIDIA)
 	le.PutUint16(c.regs[pciSubsystemID:], nvc0.PCIDeviceQuadro6000)
 	c.regs[pciInterruptPin] = 1
-	for _, b := range bars() {
+	for _, b := range c.bars {
 		le.PutUint32(c.regs[pciBAR0+4*b.index:], b.flags)
 	}
 	return c
@@ -121,7 +143,7 @@ func (c *ConfigSpace) writeByte(off int, b byte) {
 // its size, so that writing all ones reads back the size mask.
 func (c *ConfigSpace) writeBARByte(off int, b byte) {
 	idx, byteInBAR := (off-pciBAR0)/4, (off-pciBAR0)%4
-	for _, d := range bars() {
+	for _, d := range c.bars {
 		var mask uint64
 		switch {
 		case d.index == idx:
@@ -169,7 +191,7 @@ func (c *ConfigSpace) Placements() []BARPlacement {
 	le := binary.LittleEndian
 	cmd := c.regs[pciCommand]
 	var out []BARPlacement
-	for _, d := range bars() {
+	for _, d := range c.bars {
 		p := BARPlacement{Index: d.index, Size: d.size, IO: d.flags&barIO != 0}
 		lo := uint64(le.Uint32(c.regs[pciBAR0+4*d.index:]))
 		if p.IO {

@@ -51,10 +51,66 @@ type XenRouter struct {
 // NewXenRouter returns the router of the vGPU at PCI function dev, whose
 // BAR accesses go to backend.
 func NewXenRouter(dev privcmd.SBDF, backend Backend, log *slog.Logger) *XenRouter {
+	return NewXenRouterSpace(dev, NewConfigSpace(), backend, log)
+}
+
+// NewXenRouterSpace is NewXenRouter presenting the config space cs (e.g.
+// one whose apertures are the vGPU's slices, NewConfigSpaceApertures).
+func NewXenRouterSpace(dev privcmd.SBDF, cs *ConfigSpace, backend Backend, log *slog.Logger) *XenRouter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &XenRouter{cfg: NewConfigSpace(), dev: dev, backend: backend, log: log, claimed: map[int]ioreq.Claim{}}
+	return &XenRouter{cfg: cs, dev: dev, backend: backend, log: log, claimed: map[int]ioreq.Claim{}}
+}
+
+// PlaceBARs places the BARs as a guest's firmware would, for guests that
+// have none that enumerates PCI (PVH): the memory BARs from guest-physical
+// address mem upwards, each aligned to its size, the I/O BAR at port io
+// (0: left unplaced), decoding on. It returns the placements, which the
+// guest must then be told (gpuvm guest --bars).
+func (r *XenRouter) PlaceBARs(mem, io uint64) ([]BARPlacement, error) {
+	next := mem
+	for _, d := range r.cfg.bars {
+		reg := pciBAR0 + 4*d.index
+		if d.flags&barIO != 0 {
+			if io == 0 {
+				continue
+			}
+			if io%d.size != 0 || io+d.size > 0x10000 {
+				return nil, fmt.Errorf("I/O BAR at port %#x: want a multiple of %d below 64 Ki", io, d.size)
+			}
+			if err := r.cfg.Write(reg, 4, uint32(io)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		base := (next + d.size - 1) &^ (d.size - 1)
+		if base < next || base+d.size < base || (d.flags&barMem64 == 0 && base+d.size > 1<<32) {
+			return nil, fmt.Errorf("BAR%d of %d bytes does not fit above %#x", d.index, d.size, mem)
+		}
+		next = base + d.size
+		if err := r.cfg.Write(reg, 4, uint32(base)); err != nil {
+			return nil, err
+		}
+		if d.flags&barMem64 != 0 {
+			if err := r.cfg.Write(reg+4, 4, uint32(base>>32)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	cmd := uint32(pciCommandMemory | pciCommandMaster)
+	if io != 0 {
+		cmd |= pciCommandIO
+	}
+	if err := r.cfg.Write(pciCommand, 2, cmd); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.syncClaims(); err != nil {
+		return nil, err
+	}
+	return r.cfg.Placements(), nil
 }
 
 // ConfigSpace returns the vGPU's config space.
@@ -79,7 +135,23 @@ func (r *XenRouter) Handle(req ioreq.Request) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		return r.access(bar, off, req)
+		if req.Reps() == 1 {
+			return r.access(bar, off, req)
+		}
+		// A string instruction (REP STOS): each repetition in turn, as
+		// the device would see them; a read returns the last.
+		var v uint64
+		step := uint64(req.Size)
+		for i := range uint64(req.Reps()) {
+			o := off + i*step
+			if req.Down {
+				o = off - i*step
+			}
+			if v, err = r.access(bar, o, req); err != nil {
+				return 0, err
+			}
+		}
+		return v, nil
 	}
 	return 0, fmt.Errorf("%v access: %w", req.Kind, ErrNotMine)
 }
@@ -145,7 +217,7 @@ func (r *XenRouter) route(req ioreq.Request) (int, uint64, error) {
 		if (c.Kind == ioreq.KindPIO) != (req.Kind == ioreq.KindPIO) {
 			continue
 		}
-		if req.Addr >= c.Base && req.Addr+uint64(req.Size) <= c.Base+c.Size && req.Addr+uint64(req.Size) > req.Addr {
+		if lo, n := req.Span(); lo >= c.Base && lo+n <= c.Base+c.Size && lo+n > lo {
 			return bar, req.Addr - c.Base, nil
 		}
 	}

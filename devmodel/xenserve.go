@@ -1,0 +1,173 @@
+package devmodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"strconv"
+
+	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/xen/ioreq"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
+)
+
+// XenConfig says which Xen domain a device model serves and how it reaches
+// the aggregator.
+type XenConfig struct {
+	Socket  string // the aggregator's device-model socket
+	DomID   uint32
+	Name    string
+	Mode    string
+	RAMSize uint64 // the domain's guest-physical span the aggregator maps
+	// Device is the vGPU's PCI function in the guest (e.g. 0000:00:05.0).
+	Device privcmd.SBDF
+	// PlaceMem, if not zero, places the BARs from this guest-physical
+	// address up, and PlaceIO the I/O BAR at this port, as firmware would:
+	// for guests whose firmware does not enumerate PCI (PVH). Zero leaves
+	// placement to the guest's firmware (HVM: hvmloader).
+	PlaceMem, PlaceIO uint64
+	// XenDir holds privcmd and evtchn ("" = /dev/xen).
+	XenDir string
+	Logger *slog.Logger
+	// OpenServer opens the domain's ioreq server with cfg (nil: ioreq.Open
+	// on XenDir). Tests pass an in-memory hypervisor's.
+	OpenServer func(cfg ioreq.Config) (IoreqServer, error)
+}
+
+// IoreqServer is a domain's ioreq server (*ioreq.Server).
+type IoreqServer interface {
+	Claimer
+	Serve(ctx context.Context) error
+	Stats() ioreq.Stats
+	Close() error
+}
+
+// XenModel is the device model of one Xen domain's vGPU: the aggregator
+// connection (whose guest RAM is the domain's own, ipc.RAMXen), the
+// domain's ioreq server, and the router between them.
+type XenModel struct {
+	client  *ipc.Client
+	welcome ipc.Welcome
+	router  *XenRouter
+	srv     IoreqServer
+	log     *slog.Logger
+}
+
+// StartXen attaches a vGPU to the domain and opens its ioreq server. The
+// domain should be paused (xl create -p) until it returns: an access to a
+// range nobody claims yet is dropped by Xen.
+func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: cfg.RAMSize,
+		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen}
+	client, w, extra, err := ipc.Dial(ctx, cfg.Socket, hello, nil, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("device model of domain %d: %w", cfg.DomID, err)
+	}
+	// The remap table and slice, if the mode has remap: Xen has no call
+	// that puts dom0's pages into an HVM guest's physical address space,
+	// so on Xen every aperture access traps (docs/design.md).
+	for _, f := range extra {
+		f.Close()
+	}
+	m = &XenModel{client: client, welcome: w, log: log}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.Close())
+		}
+	}()
+	bar1, err := aperture(w, ipc.ParamBAR1Size)
+	if err != nil {
+		return nil, err
+	}
+	bar3, err := aperture(w, ipc.ParamBAR3Size)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := NewConfigSpaceApertures(bar1, bar3)
+	if err != nil {
+		return nil, err
+	}
+	m.router = NewXenRouterSpace(cfg.Device, cs, client, log)
+	open := cfg.OpenServer
+	if open == nil {
+		open = func(c ioreq.Config) (IoreqServer, error) {
+			dir := cfg.XenDir
+			if dir == "" {
+				dir = "/dev/xen"
+			}
+			return ioreq.Open(dir, uint16(cfg.DomID), c)
+		}
+	}
+	if m.srv, err = open(ioreq.Config{Handler: m.router.Handle, Claims: []ioreq.Claim{ioreq.PCIDevice(cfg.Device)}, Logger: log}); err != nil {
+		return nil, fmt.Errorf("device model of domain %d: %w", cfg.DomID, err)
+	}
+	if err := m.router.Attach(m.srv); err != nil {
+		return nil, err
+	}
+	if cfg.PlaceMem != 0 {
+		if _, err := m.router.PlaceBARs(cfg.PlaceMem, cfg.PlaceIO); err != nil {
+			return nil, fmt.Errorf("placing the BARs of domain %d: %w", cfg.DomID, err)
+		}
+	}
+	return m, nil
+}
+
+// aperture reads a Welcome's aperture size and rounds it down to a power
+// of two, as a PCI BAR's size must be.
+func aperture(w ipc.Welcome, key string) (uint64, error) {
+	s, ok := w.Params[key]
+	if !ok {
+		return 0, nil // the whole BAR
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("welcome %s=%q: not a size", key, s)
+	}
+	return 1 << (63 - bits.LeadingZeros64(n)), nil
+}
+
+// Serve serves the domain's ioreqs until ctx ends, the ioreq server fails
+// (the domain is gone), or the aggregator ends the connection (the vGPU
+// was destroyed). It says which.
+func (m *XenModel) Serve(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-m.client.Done():
+			cancel(fmt.Errorf("the aggregator ended the vGPU: %w", m.client.Err()))
+		case <-ctx.Done():
+		}
+	}()
+	err := m.srv.Serve(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// Welcome returns the aggregator's Welcome.
+func (m *XenModel) Welcome() ipc.Welcome { return m.welcome }
+
+// Placements returns where the vGPU's BARs are now.
+func (m *XenModel) Placements() []BARPlacement { return m.router.ConfigSpace().Placements() }
+
+// Stats returns the ioreq server's counters.
+func (m *XenModel) Stats() ioreq.Stats { return m.srv.Stats() }
+
+// Close destroys the ioreq server and ends the aggregator connection,
+// which tears the vGPU down.
+func (m *XenModel) Close() error {
+	var errs []error
+	if m.srv != nil {
+		errs = append(errs, m.srv.Close())
+	}
+	errs = append(errs, m.client.Close())
+	return errors.Join(errs...)
+}

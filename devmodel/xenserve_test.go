@@ -1,0 +1,236 @@
+package devmodel_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/bench"
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/gpu/sim"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/xen/ioreq"
+	"github.com/gpuvm/gpuvm/xen/ioreq/ioreqtest"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
+)
+
+// xenHost is an aggregator serving Xen guests, whose domains' memory is
+// played by memfds (the DomainRAM seam; on Xen, foreign mappings).
+type xenHost struct {
+	agg    *aggregator.Aggregator
+	socket string
+	mems   map[uint32]int // domid → memfd of its memory
+}
+
+func newXenHost(t *testing.T, onXen bool) *xenHost {
+	t.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
+	part := config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20}
+	layout, err := aggregator.NewLayout(part, 2, cfg.VRAMSize, cfg.Channels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.VRAMSegments = layout.Segments(cfg.VRAMSize)
+	board, err := sim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { board.Close() })
+	h := &xenHost{mems: map[uint32]int{}}
+	opts := aggregator.Options{MaxVMs: 2, Channels: cfg.Channels, Partition: part}
+	if onXen {
+		opts.DomainRAM = func(dom uint32, size uint64) ([]byte, func() error, error) {
+			fd, ok := h.mems[dom]
+			if !ok {
+				return nil, nil, errors.New("no such domain")
+			}
+			b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				return nil, nil, err
+			}
+			return b, func() error { return unix.Munmap(b) }, nil
+		}
+	}
+	if h.agg, err = aggregator.New(board, opts); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "gpuvm-xenhost-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.socket = filepath.Join(dir, "agg.sock")
+	ln, err := ipc.Listen(h.socket, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- h.agg.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-served; ln.Close(); h.agg.Close(); os.RemoveAll(dir) })
+	return h
+}
+
+// domain creates a domain's memory and returns it as the guest's DMA
+// memory (guest-physical address = offset).
+func (h *xenHost) domain(t *testing.T, dom uint32, size uint64) *hostmem.RAM {
+	t.Helper()
+	ram, err := hostmem.New("domain", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ram.Close() })
+	h.mems[dom] = ram.Fd()
+	return ram
+}
+
+// trappedMMIO is the guest's side: each register access is one ioreq
+// through the in-memory hypervisor, at the address the BARs were placed.
+type trappedMMIO struct {
+	t     *testing.T
+	x     *ioreqtest.Xen
+	place map[int]devmodel.BARPlacement
+	traps map[[2]int]int // {BAR, write} → traps
+}
+
+func (m *trappedMMIO) req(bar int, off uint64, write bool, v uint32) uint32 {
+	w := 0
+	if write {
+		w = 1
+	}
+	m.traps[[2]int{bar, w}]++
+	p, ok := m.place[bar]
+	if !ok || !p.Enabled {
+		return 0xFFFFFFFF
+	}
+	kind := ioreq.KindMMIO
+	if p.IO {
+		kind = ioreq.KindPIO
+	}
+	got, err := m.x.Access(context.Background(), ioreq.Request{Kind: kind, Addr: p.Base + off, Size: 4, Write: write, Data: uint64(v)})
+	if err != nil {
+		m.t.Errorf("BAR%d %#x: %v", bar, off, err)
+	}
+	return uint32(got)
+}
+
+// Fill32 is one REP STOSD: Xen clips it to ioreq.MaxReps repetitions per
+// ioreq and restarts the instruction for the rest.
+func (m *trappedMMIO) Fill32(bar int, off uint64, v uint32, n int) {
+	p, ok := m.place[bar]
+	if !ok || !p.Enabled || p.IO {
+		m.t.Errorf("fill of BAR%d", bar)
+		return
+	}
+	for n > 0 {
+		reps := min(n, ioreq.MaxReps)
+		m.traps[[2]int{bar, 1}]++
+		if _, err := m.x.Access(context.Background(), ioreq.Request{Kind: ioreq.KindMMIO, Addr: p.Base + off, Size: 4, Write: true, Data: uint64(v), Count: reps}); err != nil {
+			m.t.Errorf("fill of BAR%d %#x: %v", bar, off, err)
+		}
+		off += uint64(4 * reps)
+		n -= reps
+	}
+}
+
+func (m *trappedMMIO) Read32(bar int, off uint64) uint32     { return m.req(bar, off, false, 0) }
+func (m *trappedMMIO) Write32(bar int, off uint64, v uint32) { m.req(bar, off, true, v) }
+
+// TestXenDeviceModelEndToEnd runs the guest driver of a "Xen domain"
+// through the whole Xen path but the hypervisor: its accesses are ioreqs,
+// the device model forwards them, and the aggregator reaches the guest's
+// buffers in the domain's own memory (no memfd crosses the socket). Both
+// a full-virtualization and a para-virtual guest (hypercalls through the
+// I/O BAR's ports) verify madd; destroying the vGPU ends the device model.
+func TestXenDeviceModelEndToEnd(t *testing.T) {
+	h := newXenHost(t, true)
+	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
+	for i, mode := range []string{"fv-optimized", "pv-multicall"} {
+		t.Run(mode, func(t *testing.T) {
+			dom := uint32(11 + i)
+			mem := h.domain(t, dom, 64<<20)
+			x, err := ioreqtest.New(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom, Name: "xen-" + mode, Mode: mode,
+				RAMSize: mem.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000,
+				OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) { return ioreq.NewServer(x.Page(), x.Notifiers(), c) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- m.Serve(ctx) }()
+			place := map[int]devmodel.BARPlacement{}
+			for _, p := range m.Placements() {
+				place[p.Index] = p
+			}
+			if p := place[nvc0.BAR3]; !p.Enabled || p.Size != 4<<20 || p.Base%p.Size != 0 {
+				t.Fatalf("BAR3 placed %+v: want the 4 MiB slice, aligned", p)
+			}
+			mmio := &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
+			drv, err := nouveau.Open(mmio, mem, nouveau.Options{BAR1Size: place[nvc0.BAR1].Size, BAR3Size: place[nvc0.BAR3].Size, PV: bench.DriverPVMode(mode)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := workloads.New("madd", workloads.Params{MatrixDim: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := bench.RunWorkload(ctx, mode, gdev.Nouveau(drv), w, 1, func() map[string]uint64 { return nil }, nil)
+			if !res.Verified {
+				t.Fatalf("madd on the Xen path: %+v", res)
+			}
+			t.Logf("%s: %+v; traps by {BAR, write}: %v", mode, m.Stats(), mmio.traps)
+			if st := m.Stats(); st.Served < 100 || st.HandlerErrors != 0 {
+				t.Errorf("ioreq server stats %+v", st)
+			}
+			drv.Close()
+			for _, v := range h.agg.VGPUs() {
+				if v.Guest.DomID == dom {
+					if err := h.agg.Destroy(v, "test"); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			select {
+			case err := <-served:
+				if err == nil || !strings.Contains(err.Error(), "aggregator ended") {
+					t.Fatalf("Serve after the vGPU was destroyed: %v", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the device model outlived its vGPU")
+			}
+			if err := m.Close(); err != nil {
+				t.Logf("close: %v", err)
+			}
+		})
+	}
+}
+
+// TestXenRAMRefused: a daemon not serving Xen refuses a device model that
+// offers a domain's own RAM, and says how to start one that does.
+func TestXenRAMRefused(t *testing.T) {
+	h := newXenHost(t, false)
+	_, err := devmodel.StartXen(context.Background(), devmodel.XenConfig{Socket: h.socket, DomID: 3, Name: "x", Mode: "fv-optimized", RAMSize: 1 << 20,
+		OpenServer: func(ioreq.Config) (devmodel.IoreqServer, error) { t.Fatal("opened an ioreq server"); return nil, nil }})
+	var re *ipc.RejectedError
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "gpuvm serve --xen") {
+		t.Fatalf("got %v", err)
+	}
+}
