@@ -86,6 +86,9 @@ type Aggregator struct {
 	mu     sync.Mutex
 	vgpus  []*VGPU        // by slot; nil = free
 	broken map[int]string // slots out of service (a channel that would not stop), with the reason
+	// domains holds settings a toolstack registered for domains whose
+	// device models have not connected yet (domains.go).
+	domains map[uint32]DomainSettings
 }
 
 // New takes ownership of the physical GPU: it partitions it and brings up the
@@ -117,7 +120,7 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 		opts.PollInterval = 50 * time.Microsecond
 	}
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
-		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{},
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{},
 		stopped: make(chan struct{})}
 	a.faults = newPhysFaults(g, opts.Logger)
 	a.fecs = fecsCommands()
@@ -189,16 +192,13 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	}
 	a.vgpus[slot] = &VGPU{ID: slot, Guest: g} // hold the slot (and the identity) while building
 	a.mu.Unlock()
+	weight := a.weightFor(g)
 	v, err := a.attach(a.layout.Slots[slot], g, mapRAM)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
 		a.vgpus[slot] = nil
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
-	}
-	weight := 1
-	if a.opts.Weight != nil {
-		weight = max(a.opts.Weight(g), 1)
 	}
 	if err := a.disp.addVM(v, weight); err != nil {
 		a.vgpus[slot] = nil
@@ -224,6 +224,7 @@ func (a *Aggregator) Detach(v *VGPU) error {
 			v.log.Error("slot out of service", "reason", a.broken[v.ID])
 		}
 		v.log.Info("vGPU detached", "err", err)
+		delete(a.domains, v.Guest.DomID) // the settings were this vGPU's
 	}
 	a.mu.Unlock()
 	return err

@@ -33,8 +33,11 @@ func (v *VGPU) Info() VGPUInfo {
 //	GET    /v1/vgpus/{id}  one vGPU
 //	DELETE /v1/vgpus/{id}  tear a vGPU down (its VM loses the GPU)
 //	GET    /v1/layout      how the board is partitioned
+//
+// and the domain settings of domains.go (/v1/domains).
 func (a *Aggregator) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
+	a.domainRoutes(mux)
 	mux.HandleFunc("GET /v1/vgpus", func(w http.ResponseWriter, r *http.Request) {
 		infos := []VGPUInfo{}
 		for _, v := range a.VGPUs() {

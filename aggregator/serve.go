@@ -69,11 +69,11 @@ func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
 func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 	h := p.Hello()
 	log := a.log.With("domid", h.DomID, "name", h.Name, "pid", p.Peer().PID)
-	if a.opts.Mode != nil {
+	{
 		// The operator's per-VM mode is a requirement, not a silent
 		// override: a device model asking for another would report and
 		// label everything with a mode the VM does not run in.
-		if m := a.opts.Mode(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}); m != "" && m != h.Mode {
+		if m := a.modeFor(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}); m != "" && m != h.Mode {
 			log.Warn("refused: mode conflicts with the configuration", "asked", h.Mode, "configured", m)
 			_ = p.Reject(fmt.Sprintf("the device model asks for mode %q but the daemon's configuration gives %s (domid %d) mode %q: start it with --mode %s",
 				h.Mode, h.Name, h.DomID, m, m))

@@ -112,10 +112,10 @@ func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() er
 		return nil, err
 	}
 	feat.PollDoorbells = a.opts.PollDoorbells
-	if a.opts.Quota != nil {
+	{
 		// A quota narrows the slot: fewer channels, a smaller VRAM slice
 		// (the guest is told the smaller size and can reach nothing beyond).
-		if chans, vram := a.opts.Quota(g); chans > 0 || vram > 0 {
+		if chans, vram := a.quotaFor(g); chans > 0 || vram > 0 {
 			if chans > 0 && chans < slot.Chans {
 				slot.Chans = chans
 			}

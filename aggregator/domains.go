@@ -1,0 +1,160 @@
+package aggregator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// DomainSettings are what a toolstack asks for one domain's vGPU before
+// its device model connects (gpuvm xl create reads them from the domain's
+// xl config). For that domain they take precedence over the daemon's own
+// configuration ([[vm]]); zero fields leave it to the configuration.
+type DomainSettings struct {
+	Mode     string `json:"mode,omitempty"`
+	VRAM     uint64 `json:"vram,omitempty"`
+	Channels int    `json:"channels,omitempty"`
+	Weight   int    `json:"weight,omitempty"`
+}
+
+// maxDomainSettings bounds the settings registered and not yet used: one
+// per domain being created, a few per slot.
+func (a *Aggregator) maxDomainSettings() int { return 4 * len(a.layout.Slots) }
+
+// validate checks s as the configuration's [[vm]] checks its fields.
+func (s DomainSettings) validate() error {
+	switch {
+	case s.Mode != "" && !IsServedMode(s.Mode):
+		return fmt.Errorf("mode %q is not served (have %v)", s.Mode, Modes())
+	case s.Channels < 0 || s.Channels > 4096:
+		return fmt.Errorf("channels %d: want 0..4096", s.Channels)
+	case s.Weight < 0 || s.Weight > 10000:
+		return fmt.Errorf("weight %d: want 0..10000", s.Weight)
+	case s.VRAM > uint64(config.MaxVRAM):
+		return fmt.Errorf("vram %d: more than any board has", s.VRAM)
+	}
+	return nil
+}
+
+// SetDomainSettings registers settings for domain domid's next vGPU; they
+// are forgotten when that vGPU detaches (or by ForgetDomain).
+func (a *Aggregator) SetDomainSettings(domid uint32, s DomainSettings) error {
+	if domid < ipc.MinDomID || domid > ipc.MaxDomID {
+		return fmt.Errorf("domain id %d not in %d..%d", domid, ipc.MinDomID, ipc.MaxDomID)
+	}
+	if err := s.validate(); err != nil {
+		return fmt.Errorf("domain %d: %w", domid, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.domains[domid]; !ok && len(a.domains) >= a.maxDomainSettings() {
+		return fmt.Errorf("domain %d: settings for %d domains are waiting already", domid, len(a.domains))
+	}
+	a.domains[domid] = s
+	return nil
+}
+
+// ForgetDomain drops the settings registered for domid.
+func (a *Aggregator) ForgetDomain(domid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.domains, domid)
+}
+
+// domainSettings returns what is registered for g's domain.
+func (a *Aggregator) domainSettings(g Guest) DomainSettings {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.domains[g.DomID]
+}
+
+// modeFor, weightFor and quotaFor are the registered settings, else the
+// daemon's configuration (Options).
+func (a *Aggregator) modeFor(g Guest) string {
+	if m := a.domainSettings(g).Mode; m != "" {
+		return m
+	}
+	if a.opts.Mode != nil {
+		return a.opts.Mode(g)
+	}
+	return ""
+}
+
+func (a *Aggregator) weightFor(g Guest) int {
+	if w := a.domainSettings(g).Weight; w > 0 {
+		return w
+	}
+	if a.opts.Weight != nil {
+		return max(a.opts.Weight(g), 1)
+	}
+	return 1
+}
+
+func (a *Aggregator) quotaFor(g Guest) (channels int, vram uint64) {
+	if a.opts.Quota != nil {
+		channels, vram = a.opts.Quota(g)
+	}
+	s := a.domainSettings(g)
+	if s.Channels > 0 {
+		channels = s.Channels
+	}
+	if s.VRAM > 0 {
+		vram = s.VRAM
+	}
+	return channels, vram
+}
+
+// domainRoutes adds the domain-settings routes to the control API:
+//
+//	GET    /v1/domains          settings waiting for their domains
+//	PUT    /v1/domains/{domid}  register settings (JSON DomainSettings)
+//	DELETE /v1/domains/{domid}  drop them
+func (a *Aggregator) domainRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/domains", func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		out := map[string]DomainSettings{}
+		for d, s := range a.domains {
+			out[strconv.FormatUint(uint64(d), 10)] = s
+		}
+		a.mu.Unlock()
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("PUT /v1/domains/{domid}", func(w http.ResponseWriter, r *http.Request) {
+		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
+			return
+		}
+		var s DomainSettings
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&s); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "settings: " + err.Error()})
+			return
+		}
+		if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "settings: one JSON object only"})
+			return
+		}
+		if err := a.SetDomainSettings(uint32(domid), s); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
+	})
+	mux.HandleFunc("DELETE /v1/domains/{domid}", func(w http.ResponseWriter, r *http.Request) {
+		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
+			return
+		}
+		a.ForgetDomain(uint32(domid))
+		writeJSON(w, http.StatusOK, map[string]string{"forgotten": strconv.FormatUint(domid, 10)})
+	})
+}
