@@ -64,6 +64,8 @@ func newApp() *cli.App {
 			serveCommand(),
 			devmodelCommand(),
 			vgpuCommand(),
+			xlCommand(),
+			guestCommand(),
 		},
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {

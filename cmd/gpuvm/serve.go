@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,9 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/sched"
+	"github.com/gpuvm/gpuvm/xen"
+	"github.com/gpuvm/gpuvm/xen/foreign"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
 )
 
 func serveCommand() *cli.Command {
@@ -34,6 +38,8 @@ func serveCommand() *cli.Command {
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
 			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},
 			&cli.PathFlag{Name: "control-socket", Usage: "override daemon.control_socket"},
+			&cli.BoolFlag{Name: "xen", Usage: "serve guests of real Xen (run in dom0): device models may offer their domain's own RAM, which the daemon maps through /dev/xen/privcmd (gpuvm xl create starts such device models)"},
+			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd is, with --xen"},
 		},
 		Action: runServe,
 	}
@@ -104,6 +110,7 @@ func runServe(c *cli.Context) error {
 			v := cfg.LookupVM(g.Name, int(g.DomID))
 			return v.Channels, uint64(v.VRAM)
 		},
+		DomainRAM: domainRAM(c, log),
 	})
 	if err != nil {
 		return err
@@ -214,4 +221,33 @@ func socketDir(dir string) error {
 		return fmt.Errorf("socket directory %s: writable by other users (mode %v), who could replace the sockets", dir, fi.Mode().Perm())
 	}
 	return nil
+}
+
+// domainRAM is how the daemon maps a Xen domain's own RAM (with --xen; nil
+// otherwise): a privcmd handle restricted to that domain, the frames the
+// domain populates mapped, its holes zero pages of our own.
+func domainRAM(c *cli.Context, log *slog.Logger) func(uint32, uint64) ([]byte, func() error, error) {
+	if !c.Bool("xen") {
+		return nil
+	}
+	dir := c.Path("xen-dir")
+	return func(domid uint32, size uint64) ([]byte, func() error, error) {
+		h, err := privcmd.Open(dir)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := h.Restrict(uint16(domid)); err != nil {
+			return nil, nil, errors.Join(err, h.Close())
+		}
+		ram, err := foreign.MapPopulated(h, uint16(domid), int(size/xen.PageSize))
+		if err != nil {
+			return nil, nil, errors.Join(err, h.Close())
+		}
+		var populated uint64
+		for _, e := range ram.Extents() {
+			populated += e.Pages
+		}
+		log.Info("domain RAM mapped", "domid", domid, "bytes", size, "pages_with_ram", populated)
+		return ram.Bytes(), func() error { return errors.Join(ram.Close(), h.Close()) }, nil
+	}
 }

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/xen/privcmd"
+	"github.com/gpuvm/gpuvm/xen/xlcfg"
+)
+
+func xlCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "xl",
+		Usage: "create Xen domains with a vGPU from their xl configs",
+		Subcommands: []*cli.Command{{
+			Name:      "create",
+			Usage:     "create a domain from its xl config and attach the vGPU its gpuvm key asks for",
+			ArgsUsage: "CONFIG",
+			Description: "Reads CONFIG, an ordinary xl domain config with one more key, e.g.\n\n" +
+				"    gpuvm = \"mode=fv-optimized, vram=256MiB, channels=8, weight=2\"\n\n" +
+				"(xl itself ignores keys it does not know), and then, in dom0, with gpuvm serve --xen\n" +
+				"running: creates the domain paused (xl create -p), registers the vGPU's settings with\n" +
+				"the aggregator, starts the domain's device model (a Xen ioreq server claiming the vGPU's\n" +
+				"PCI function and BARs, forwarding to the aggregator, which maps the domain's own RAM),\n" +
+				"unpauses it, and serves it in the foreground until the domain goes (xl destroy,\n" +
+				"shutdown, a crash): the vGPU is then torn down. SIGINT or SIGTERM tear the vGPU down\n" +
+				"and destroy the domain, which cannot run without its device model.\n" +
+				"HVM guests find the vGPU by PCI enumeration (hvmloader places its BARs); a PVH guest\n" +
+				"has no such firmware, so the BARs are placed at --bars and printed for the guest\n" +
+				"(gpuvm guest --bars ...). pv domains can only use pvdrm, which this command does not\n" +
+				"start yet.",
+			Flags: []cli.Flag{
+				&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket"},
+				&cli.PathFlag{Name: "control-socket", Value: config.Default().Daemon.ControlSocket, Usage: "the aggregator's control socket"},
+				&cli.StringFlag{Name: "xl", Value: "xl", Usage: "the xl program"},
+				&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd and evtchn are"},
+				&cli.StringFlag{Name: "pci", Value: "0000:00:05.0", Usage: "the vGPU's PCI function in the guest"},
+				&cli.StringFlag{Name: "bars", Value: "0xe0000000,0xc000", Usage: "PVH guests: where to place the memory BARs (from this guest-physical address up) and the I/O BAR (port)"},
+			},
+			Action: runXLCreate,
+		}},
+	}
+}
+
+// xlDomain is what gpuvm xl create needs from the domain's config.
+type xlDomain struct {
+	vgpu   xlcfg.VGPU
+	memory uint64 // bytes (xl's memory, MiB)
+}
+
+func readXLConfig(path string) (xlDomain, error) {
+	f, err := xlcfg.Load(path)
+	if err != nil {
+		return xlDomain{}, err
+	}
+	v, ok, err := f.ReadVGPU()
+	if err != nil {
+		return xlDomain{}, err
+	}
+	if !ok {
+		return xlDomain{}, fmt.Errorf("%s: no %s key: nothing for gpuvm to attach (add e.g. %s = \"mode=fv-optimized\")", path, xlcfg.Key, xlcfg.Key)
+	}
+	if v.Mode.IsPVDRM() {
+		return xlDomain{}, fmt.Errorf("%s: mode %s: the pvdrm back end on Xen is not started by gpuvm xl create yet; use a device-model mode", path, v.Mode)
+	}
+	d := xlDomain{vgpu: v, memory: 128 << 20} // xl's default
+	if s, ok := f.Get("memory"); ok {
+		if s.Value.Kind != xlcfg.Number || s.Value.Num < 1 || s.Value.Num > 1<<20 || s.Value.Num != float64(int64(s.Value.Num)) {
+			return xlDomain{}, &xlcfg.Error{Path: path, Pos: s.Value.Pos, Key: "memory", Msg: "want a whole number of MiB"}
+		}
+		d.memory = uint64(s.Value.Num) << 20
+	}
+	return d, nil
+}
+
+func runXLCreate(c *cli.Context) error {
+	args := positional(c)
+	if len(args) != 1 {
+		return usageHint(c, "want one xl config file, got %d arguments", len(args))
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	dom, err := readXLConfig(args[0])
+	if err != nil {
+		return usageError("%v", err)
+	}
+	sbdf, err := privcmd.ParseSBDF(c.String("pci"))
+	if err != nil {
+		return usageError("--pci: %v", err)
+	}
+	var placeMem, placeIO uint64
+	if dom.vgpu.Type == "pvh" {
+		if placeMem, placeIO, err = parseBars(c.String("bars")); err != nil {
+			return usageError("--bars: %v", err)
+		}
+	}
+	say := func(format string, a ...any) { fmt.Fprintf(c.App.ErrWriter, "gpuvm xl: "+format+"\n", a...) }
+	xl := func(ctx context.Context, a ...string) (string, error) {
+		var out, errb bytes.Buffer
+		cmd := exec.CommandContext(ctx, c.String("xl"), a...)
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("%s %s: %w: %s", c.String("xl"), strings.Join(a, " "), err, strings.TrimSpace(errb.String()))
+		}
+		return strings.TrimSpace(out.String()), nil
+	}
+
+	ctx := c.Context
+	t0 := time.Now()
+	if _, err := xl(ctx, "create", "-p", args[0]); err != nil {
+		return &exitError{code: exitFailure, err: err}
+	}
+	out, err := xl(ctx, "domid", dom.vgpu.Name)
+	domid, perr := strconv.ParseUint(out, 10, 32)
+	if err == nil && perr != nil {
+		err = fmt.Errorf("xl domid %s printed %q", dom.vgpu.Name, out)
+	}
+	if err != nil {
+		return &exitError{code: exitFailure, err: err}
+	}
+	destroy := func(why string) {
+		say("destroying domain %d (%s)", domid, why)
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := xl(dctx, "destroy", strconv.FormatUint(domid, 10)); err != nil {
+			say("%v", err)
+		}
+	}
+	say("domain %s is %d (paused), created in %.1fs", dom.vgpu.Name, domid, time.Since(t0).Seconds())
+	settings := aggregator.DomainSettings{Mode: string(dom.vgpu.Mode), VRAM: uint64(dom.vgpu.VRAM), Channels: dom.vgpu.Channels, Weight: dom.vgpu.Weight}
+	if err := putDomainSettings(ctx, c.Path("control-socket"), uint32(domid), settings); err != nil {
+		destroy("the aggregator refused the settings")
+		return &exitError{code: exitFailure, err: err}
+	}
+	// The aggregator maps the domain's RAM up to the top of its memory;
+	// HVM guests have it a little higher (the VGA hole), and frames the
+	// domain does not populate become zero pages.
+	span := (dom.memory + 16<<20 + 0xFFFFF) &^ 0xFFFFF
+	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: c.Path("socket"), DomID: uint32(domid), Name: dom.vgpu.Name,
+		Mode: string(dom.vgpu.Mode), RAMSize: span, Device: sbdf, PlaceMem: placeMem, PlaceIO: placeIO, XenDir: c.Path("xen-dir"), Logger: log})
+	if err != nil {
+		destroy("no device model")
+		return &exitError{code: exitFailure, err: noDaemonHint(err, "gpuvm serve --xen", "--socket")}
+	}
+	w := m.Welcome()
+	say("vGPU %d attached: mode %s, %d MiB VRAM, %d channels", w.VGPU, dom.vgpu.Mode, w.VRAMSize>>20, w.Channels)
+	if placeMem != 0 {
+		say("BARs placed for the PVH guest: gpuvm guest --bars %s", barsArg(m.Placements()))
+	}
+	if _, err := xl(ctx, "unpause", strconv.FormatUint(domid, 10)); err != nil {
+		destroy("unpause failed")
+		return &exitError{code: exitFailure, err: errors.Join(err, m.Close())}
+	}
+	say("domain %d running (%.1fs after xl create); serving its vGPU until it goes", domid, time.Since(t0).Seconds())
+	return serveDomain(ctx, m, c.Path("xen-dir"), uint32(domid), say, destroy, log)
+}
+
+// serveDomain serves the domain's device model until the domain is gone,
+// a signal asks to stop (the domain is destroyed too), or the vGPU goes.
+func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid uint32, say func(string, ...any), destroy func(string), log *slog.Logger) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	errSignal := errors.New("signal")
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(fmt.Errorf("%w %v", errSignal, s))
+		case <-ctx.Done():
+		}
+	}()
+	// The domain's liveness: a dm_op on a domain that is gone fails.
+	h, err := privcmd.Open(xenDir)
+	if err != nil {
+		return errors.Join(err, m.Close())
+	}
+	defer h.Close()
+	errGone := errors.New("the domain is gone")
+	go func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if _, err := h.NrVCPUs(uint16(domid)); err != nil {
+					log.Info("domain gone", "domid", domid, "err", err)
+					cancel(errGone)
+					return
+				}
+			}
+		}
+	}()
+	serr := m.Serve(ctx)
+	st := m.Stats()
+	cerr := m.Close()
+	cause := context.Cause(ctx)
+	say("vGPU torn down after %d accesses served (%d refused)", st.Served, st.Refused)
+	switch {
+	case errors.Is(cause, errGone):
+		say("domain %d is gone", domid)
+		return nil
+	case errors.Is(cause, errSignal):
+		destroy(cause.Error())
+		return nil
+	}
+	destroy(fmt.Sprint(serr))
+	return &exitError{code: exitFailure, err: errors.Join(serr, cerr)}
+}
+
+// putDomainSettings registers the vGPU settings of domid with the
+// aggregator through its control API.
+func putDomainSettings(ctx context.Context, socket string, domid uint32, s aggregator.DomainSettings) error {
+	body, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://aggregator/v1/domains/"+strconv.FormatUint(uint64(domid), 10), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := controlClient(socket).Do(req)
+	if err != nil {
+		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve --xen", "--control-socket")
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("the aggregator refused the vGPU settings of domain %d: %s: %s", domid, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// parseBars parses "MEM[,PORT]".
+func parseBars(s string) (mem, io uint64, err error) {
+	a, b, _ := strings.Cut(s, ",")
+	if mem, err = strconv.ParseUint(strings.TrimSpace(a), 0, 64); err != nil || mem == 0 {
+		return 0, 0, fmt.Errorf("%q: want a guest-physical address, then optionally a port", s)
+	}
+	if b != "" {
+		if io, err = strconv.ParseUint(strings.TrimSpace(b), 0, 16); err != nil || io == 0 {
+			return 0, 0, fmt.Errorf("%q: port %q: want 1..0xffff", s, b)
+		}
+	}
+	return mem, io, nil
+}
+
+// barsArg is the gpuvm guest arguments for placements: --bars
+// BAR0,BAR1,BAR3[,IOPORT] and the aperture sizes.
+func barsArg(ps []devmodel.BARPlacement) string {
+	byIndex := map[int]devmodel.BARPlacement{}
+	for _, p := range ps {
+		byIndex[p.Index] = p
+	}
+	s := fmt.Sprintf("%#x,%#x,%#x", byIndex[0].Base, byIndex[1].Base, byIndex[3].Base)
+	if p, ok := byIndex[5]; ok && p.Enabled {
+		s += fmt.Sprintf(",%#x", p.Base)
+	}
+	// The apertures are the vGPU's slices (as a PCI BAR's size, a power
+	// of two), which a guest without config space cannot learn otherwise.
+	return s + fmt.Sprintf(" --bar1-size %d --bar3-size %d", byIndex[1].Size, byIndex[3].Size)
+}
