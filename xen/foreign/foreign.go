@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -118,6 +119,13 @@ func mapPopulated(m Mapper, dom uint16, pages, chunk int) (*RAM, error) {
 			}
 		case err != nil:
 			return nil, fmt.Errorf("foreign RAM of domain %d: probing guest pages %#x..%#x: %w", dom, off, off+n-1, err)
+		}
+		// Drop the probe's mapping whole before the next: mapping the next
+		// chunk over part of it would split a privcmd mapping, which the
+		// kernel refuses (ENOMEM).
+		if _, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&scratch[0]), uintptr(len(scratch)), unix.PROT_NONE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED); err != nil {
+			return nil, fmt.Errorf("foreign RAM of domain %d: releasing the probe window: %w", dom, err)
 		}
 	}
 	return Map(m, dom, frames)

@@ -18,6 +18,7 @@ const (
 	typePIO          = 0 // IOREQ_TYPE_PIO
 	typeCopy         = 1 // IOREQ_TYPE_COPY: MMIO
 	typePCIConfig    = 2 // IOREQ_TYPE_PCI_CONFIG
+	typeInvalidate   = 8 // IOREQ_TYPE_INVALIDATE: drop cached mappings of guest RAM
 	dirRead          = 1 // IOREQ_READ
 	dirWrite         = 0 // IOREQ_WRITE
 	pciConfigSize    = 4096

@@ -67,11 +67,12 @@ type Stats struct {
 	HandlerErrors uint64 // requests whose handler failed or panicked
 	BadStates     uint64 // slots seen in a state the protocol does not have
 	NotifyErrors  uint64 // answers whose event could not be sent
+	Invalidates   uint64 // map-cache invalidations acknowledged
 }
 
 // counters are Stats, updated atomically.
 type counters struct {
-	served, refused, handlerErrors, badStates, notifyErrors atomic.Uint64
+	served, refused, handlerErrors, badStates, notifyErrors, invalidates atomic.Uint64
 }
 
 // ErrClosed is returned by Serve, Claim and Release on a closed server.
@@ -181,7 +182,7 @@ func (s *Server) Claims() []Claim { return slices.Clone(*s.claims.Load()) }
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
 	return Stats{Served: s.stats.served.Load(), Refused: s.stats.refused.Load(), HandlerErrors: s.stats.handlerErrors.Load(),
-		BadStates: s.stats.badStates.Load(), NotifyErrors: s.stats.notifyErrors.Load()}
+		BadStates: s.stats.badStates.Load(), NotifyErrors: s.stats.notifyErrors.Load(), Invalidates: s.stats.invalidates.Load()}
 }
 
 // isClosed reports whether Close was called.
@@ -264,6 +265,19 @@ func (s *Server) serveSlot(v int, n Notifier, lastBad *uint8) {
 		return
 	}
 	s.page.setState(v, raw, StateInProcess)
+	if raw.Type == typeInvalidate {
+		// Xen sends every server this after the guest's memory map
+		// changed (a balloon, a decrease_reservation), for QEMU's map
+		// cache; the device model keeps no mappings of guest RAM (the
+		// aggregator's are of frames the domain holds until it dies),
+		// so it only acknowledges it.
+		s.stats.invalidates.Add(1)
+		s.page.setState(v, raw, StateRespReady)
+		if err := n.Notify(); err != nil {
+			s.stats.notifyErrors.Add(1)
+		}
+		return
+	}
 	val := ^uint64(0)
 	req, err := Decode(raw)
 	req.VCPU = v

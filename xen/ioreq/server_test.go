@@ -142,6 +142,15 @@ func TestServeRefuses(t *testing.T) {
 	if got, err := x.Do(ctx, 0, w); err != nil || got.Data != 5 || len(dev.regs) != 0 {
 		t.Fatalf("refused write: %+v, %v", got, err)
 	}
+	// A map-cache invalidation (sent to every server) is acknowledged,
+	// not refused.
+	inv := ioreq.Raw{Bits: ioreq.StateReady, Type: 8}
+	if got, err := x.Do(ctx, 0, inv); err != nil || got.State() != ioreq.StateRespReady {
+		t.Fatalf("invalidate: %+v, %v", got, err)
+	}
+	if st := s.Stats(); st.Invalidates != 1 || st.Refused != 10 {
+		t.Fatalf("stats after an invalidate %+v", st)
+	}
 	// A slot in a state the protocol does not have is left alone and
 	// counted once, however often the server looks.
 	x.Post(0, ioreq.Raw{Bits: 9})
