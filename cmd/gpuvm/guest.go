@@ -81,6 +81,7 @@ func guestCommand() *cli.Command {
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
 			&cli.IntFlag{Name: "round-trips", Value: guestRoundTrips, Usage: "PMC_BOOT_0 reads timed before the workloads (0: none)"},
+			&cli.BoolFlag{Name: "no-fill", Usage: "clear objects word by word, one trap per word, instead of one REP STOSL per up to 4096 words"},
 		},
 		Action: runGuest,
 	}
@@ -165,7 +166,7 @@ func parseGuestFlags(c *cli.Context) (*guestFlags, error) {
 		if c.IsSet("pci") {
 			return nil, usageError("--bars and --pci: give one (--bars maps the BARs from %s, --pci from sysfs)", c.Path("dev-mem"))
 		}
-		if f.bars, err = parseBARs(c.String("bars")); err != nil {
+		if f.bars, err = parseBARs(c.String("bars"), f.bar1, f.bar3); err != nil {
 			return nil, usageError("--bars %q: %v", c.String("bars"), err)
 		}
 		if f.pv != nouveau.PVOff && len(f.bars) < 4 {
@@ -223,8 +224,9 @@ func parseAperture(c *cli.Context, name string, barSize uint64) (uint64, error) 
 }
 
 // parseBARs parses --bars: the three memory BARs' addresses and optionally
-// BAR5's I/O port.
-func parseBARs(s string) ([]xenguest.BAR, error) {
+// BAR5's I/O port. BAR1 and BAR3 are mapped as far as their usable
+// apertures, bar1 and bar3 bytes: all the device model placed for them.
+func parseBARs(s string, bar1, bar3 uint64) ([]xenguest.BAR, error) {
 	parts := strings.Split(s, ",")
 	if len(parts) != 3 && len(parts) != 4 {
 		return nil, errors.New("want BAR0ADDR,BAR1ADDR,BAR3ADDR[,IOPORT]")
@@ -237,6 +239,12 @@ func parseBARs(s string) ([]xenguest.BAR, error) {
 			return nil, fmt.Errorf("BAR%d address %q is not a number", idx[i], p)
 		}
 		b := xenguest.BAR{Index: idx[i], Base: n, Size: nvc0.BARSize(idx[i]), IO: idx[i] == nvc0.BAR5}
+		switch b.Index {
+		case nvc0.BAR1:
+			b.Size = bar1
+		case nvc0.BAR3:
+			b.Size = bar3
+		}
 		switch {
 		case b.IO && n+b.Size > 1<<16:
 			return nil, fmt.Errorf("BAR5 port %#x: the I/O BAR's 128 ports must fit below 0x10000", n)
@@ -295,7 +303,11 @@ func guestRun(c *cli.Context, f *guestFlags, bars guestBARs, dma nouveau.HostMem
 	var results []bench.Result
 	defer func() { writeTrapSummary(c.App.ErrWriter, bars.Stats().Sub(start), rtt, f.roundTrips, results) }()
 
-	drv, err := nouveau.Open(bars, dma, nouveau.Options{BAR1Size: f.bar1, BAR3Size: f.bar3, PV: f.pv, Logger: log})
+	var mmio gpu.MMIO = bars
+	if c.Bool("no-fill") {
+		mmio = struct{ gpu.MMIO }{bars} // hides Fill32 from the driver
+	}
+	drv, err := nouveau.Open(mmio, dma, nouveau.Options{BAR1Size: f.bar1, BAR3Size: f.bar3, PV: f.pv, Logger: log})
 	if err != nil {
 		if berr := bars.Err(); berr != nil {
 			err = fmt.Errorf("%w (BARs: %v)", err, berr)
