@@ -3,6 +3,7 @@ package devmodel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
+	"github.com/gpuvm/gpuvm/guest-driver/xenguest"
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/xen/ioreq"
 	"github.com/gpuvm/gpuvm/xen/ioreq/ioreqtest"
@@ -36,10 +38,13 @@ type xenHost struct {
 }
 
 func newXenHost(t *testing.T, onXen bool) *xenHost {
+	return newXenHostWith(t, onXen, 1<<30, config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20})
+}
+
+func newXenHostWith(t *testing.T, onXen bool, vram uint64, part config.PartitionConfig) *xenHost {
 	t.Helper()
 	cfg := sim.DefaultConfig()
-	cfg.VRAMSize, cfg.MemPartitions = 1<<30, 4
-	part := config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20}
+	cfg.VRAMSize, cfg.MemPartitions = vram, 4
 	layout, err := aggregator.NewLayout(part, 2, cfg.VRAMSize, cfg.Channels)
 	if err != nil {
 		t.Fatal(err)
@@ -232,5 +237,72 @@ func TestXenRAMRefused(t *testing.T) {
 	var re *ipc.RejectedError
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "gpuvm serve --xen") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestXenDMAStaysInTheGuestsBuffers runs the guest driver as it runs in a
+// Xen guest (gpuvm guest: DMA buffers in a range of guest RAM the guest
+// kernel leaves alone, mapped from "/dev/mem" — here the domain's memory
+// itself), with the daemon's default partition, and checks that the vGPU
+// wrote nothing outside that range: GPU DMA that missed it would land in
+// the guest kernel's memory.
+func TestXenDMAStaysInTheGuestsBuffers(t *testing.T) {
+	def := config.Default()
+	h := newXenHostWith(t, true, uint64(def.Board.VRAM), def.Partition)
+	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
+	const dom, dmaBase, dmaSize = 21, 32 << 20, 16 << 20
+	mem := h.domain(t, dom, 64<<20)
+	b := mem.Bytes()
+	for i := range b {
+		b[i] = byte(i*7 + 1)
+	}
+	dma, err := xenguest.OpenDMA(xenguest.DMAConfig{Base: dmaBase, Size: dmaSize, DevMem: fmt.Sprintf("/proc/self/fd/%d", mem.Fd()), IOMem: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dma.Close()
+	x, err := ioreqtest.New(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, mode := range []string{"fv-optimized", "pv-multicall"} {
+		m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom, Name: "xen-dma", Mode: mode,
+			RAMSize: mem.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000,
+			OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) { return ioreq.NewServer(x.Page(), x.Notifiers(), c) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() { served <- m.Serve(ctx) }()
+		place := map[int]devmodel.BARPlacement{}
+		for _, p := range m.Placements() {
+			place[p.Index] = p
+		}
+		mmio := &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
+		drv, err := nouveau.Open(mmio, dma, nouveau.Options{BAR1Size: place[nvc0.BAR1].Size, BAR3Size: place[nvc0.BAR3].Size, PV: bench.DriverPVMode(mode)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"madd", "cpy"} {
+			w, err := workloads.New(name, workloads.Params{MatrixDim: 16, CopyBytes: 64 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res := bench.RunWorkload(ctx, mode, gdev.Nouveau(drv), w, 1, func() map[string]uint64 { return nil }, nil); !res.Verified {
+				t.Fatalf("%s %s: %+v", mode, name, res)
+			}
+		}
+		drv.Close()
+		if err := m.Close(); err != nil {
+			t.Logf("close: %v", err)
+		}
+		<-served
+		for i := range b {
+			if (i < dmaBase || i >= dmaBase+dmaSize) && b[i] != byte(i*7+1) {
+				t.Fatalf("%s: guest RAM at %#x was written (%#x), outside the DMA range %#x+%#x", mode, i, b[i], dmaBase, dmaSize)
+			}
+		}
 	}
 }

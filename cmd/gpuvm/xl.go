@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/xen/privcmd"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
 	"github.com/gpuvm/gpuvm/xen/xlcfg"
 )
 
@@ -149,7 +151,7 @@ func runXLCreate(c *cli.Context) error {
 	say("domain %s is %d (paused), created in %.1fs", dom.vgpu.Name, domid, time.Since(t0).Seconds())
 	settings := aggregator.DomainSettings{Mode: string(dom.vgpu.Mode), VRAM: uint64(dom.vgpu.VRAM), Channels: dom.vgpu.Channels, Weight: dom.vgpu.Weight}
 	if err := putDomainSettings(ctx, c.Path("control-socket"), uint32(domid), settings); err != nil {
-		destroy("the aggregator refused the settings")
+		destroy("the vGPU settings were not registered")
 		return &exitError{code: exitFailure, err: err}
 	}
 	// The aggregator maps the domain's RAM up to the top of its memory;
@@ -191,26 +193,37 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 		case <-ctx.Done():
 		}
 	}()
-	// The domain's liveness: a dm_op on a domain that is gone fails.
+	// The domain's liveness. A destroyed domain whose RAM the aggregator
+	// still maps lingers (dying) until the vGPU lets go, and a dm_op on it
+	// still succeeds; but the toolstack removes its xenstore directory as
+	// it destroys it. A dm_op failing catches a domain gone otherwise.
 	h, err := privcmd.Open(xenDir)
 	if err != nil {
 		return errors.Join(err, m.Close())
 	}
 	defer h.Close()
+	xs, err := xenstore.Open()
+	if err != nil {
+		return errors.Join(fmt.Errorf("xenstore: %w", err), m.Close())
+	}
+	defer xs.Close()
 	errGone := errors.New("the domain is gone")
 	go func() {
-		t := time.NewTicker(500 * time.Millisecond)
+		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
+		key := fmt.Sprintf("/local/domain/%d/domid", domid)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if _, err := h.NrVCPUs(uint16(domid)); err != nil {
-					log.Info("domain gone", "domid", domid, "err", err)
-					cancel(errGone)
-					return
-				}
+			}
+			_, xerr := xs.Read(ctx, key)
+			_, derr := h.NrVCPUs(uint16(domid))
+			if errors.Is(xerr, fs.ErrNotExist) || derr != nil {
+				log.Info("domain gone", "domid", domid, "xenstore", xerr, "dm_op", derr)
+				cancel(errGone)
+				return
 			}
 		}
 	}()

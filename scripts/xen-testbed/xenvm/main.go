@@ -89,6 +89,7 @@ type options struct {
 	dir             string
 	qemu            string
 	cpu             string
+	accel           string
 	smp             int
 	memMB           int
 	dom0Mem         string
@@ -118,6 +119,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.dir, "dir", defDir, "the test bed `directory` (xen, vmlinux, dom0.cpio, share/) that scripts/xen-testbed/build made")
 	fs.StringVar(&o.qemu, "qemu", "qemu-system-x86_64", "QEMU `binary`")
 	fs.StringVar(&o.cpu, "cpu", "max,-smap,-smep", "QEMU CPU model (TCG; SMAP/SMEP off or dom0 faults in create_bounce_frame)")
+	fs.StringVar(&o.accel, "accel", "tcg,thread=multi", "QEMU accelerator")
 	fs.IntVar(&o.smp, "smp", 2, "CPUs")
 	fs.IntVar(&o.memMB, "mem", 3072, "machine memory in `MiB`")
 	fs.StringVar(&o.dom0Mem, "dom0-mem", "1024M", "dom0's memory (Xen's dom0_mem)")
@@ -274,7 +276,7 @@ func run(o *options) int {
 	dom0Cmd := strings.TrimSpace("console=hvc0 earlyprintk=xen quiet loglevel=4 " + o.dom0Args)
 	args := []string{
 		"-nodefaults", "-no-user-config", "-no-reboot",
-		"-accel", "tcg,thread=multi", "-cpu", o.cpu,
+		"-accel", o.accel, "-cpu", o.cpu,
 		"-smp", strconv.Itoa(o.smp), "-m", strconv.Itoa(o.memMB),
 		"-display", "none", "-serial", "stdio",
 		"-kernel", xen, "-append", xenCmd,
