@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 type xenHost struct {
 	agg    *aggregator.Aggregator
 	socket string
+	mu     sync.Mutex
 	mems   map[uint32]int // domid → memfd of its memory
 }
 
@@ -59,7 +61,9 @@ func newXenHostWith(t *testing.T, onXen bool, vram uint64, part config.Partition
 	opts := aggregator.Options{MaxVMs: 2, Channels: cfg.Channels, Partition: part}
 	if onXen {
 		opts.DomainRAM = func(dom uint32, size uint64) ([]byte, func() error, error) {
+			h.mu.Lock()
 			fd, ok := h.mems[dom]
+			h.mu.Unlock()
 			if !ok {
 				return nil, nil, errors.New("no such domain")
 			}
@@ -98,7 +102,9 @@ func (h *xenHost) domain(t *testing.T, dom uint32, size uint64) *hostmem.RAM {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ram.Close() })
+	h.mu.Lock()
 	h.mems[dom] = ram.Fd()
+	h.mu.Unlock()
 	return ram
 }
 
