@@ -18,6 +18,11 @@ type Guest struct {
 	DomID uint32
 	Name  string
 	Mode  string
+	// XenRAM: the guest's RAM is its Xen domain's own (ipc.RAMXen). No
+	// call puts dom0's pages into such a guest's physical address space,
+	// so its aperture accesses all trap and BAR remap is off whatever the
+	// mode says (no remap table to keep, no slice handed out).
+	XenRAM bool
 }
 
 // vchan is the aggregator's view of one guest channel.
@@ -112,6 +117,9 @@ func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() er
 		return nil, err
 	}
 	feat.PollDoorbells = a.opts.PollDoorbells
+	if g.XenRAM {
+		feat.Remap = false
+	}
 	{
 		// A quota narrows the slot: fewer channels, a smaller VRAM slice
 		// (the guest is told the smaller size and can reach nothing beyond).

@@ -185,6 +185,11 @@ func TestXenDeviceModelEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Nothing can pass an aperture page through on Xen: no remap
+			// table is kept or offered, in either mode.
+			if r, ok := m.Welcome().Params[ipc.ParamRemap]; ok {
+				t.Errorf("Welcome offers remap (%q) to a Xen domain's device model", r)
+			}
 			served := make(chan error, 1)
 			go func() { served <- m.Serve(ctx) }()
 			place := map[int]devmodel.BARPlacement{}
@@ -214,6 +219,9 @@ func TestXenDeviceModelEndToEnd(t *testing.T) {
 			drv.Close()
 			for _, v := range h.agg.VGPUs() {
 				if v.Guest.DomID == dom {
+					if c := v.Counters(); c.RemappedPages != 0 {
+						t.Errorf("%d aperture pages remapped for a Xen domain", c.RemappedPages)
+					}
 					if err := h.agg.Destroy(v, "test"); err != nil {
 						t.Fatal(err)
 					}
