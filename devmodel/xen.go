@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/xen/ioreq"
 	"github.com/gpuvm/gpuvm/xen/privcmd"
 )
@@ -24,6 +25,13 @@ import (
 type Backend interface {
 	Read32(bar int, off uint64) (uint32, error)
 	Write32(bar int, off uint64, v uint32) error
+}
+
+// BackendFiller is a Backend that stores one value to many consecutive
+// words in one step (*ipc.Client: one IPC round trip for a whole REP
+// STOSL instead of one per word).
+type BackendFiller interface {
+	Fill32(bar int, off uint64, v uint32, n int) error
 }
 
 // Claimer moves the address ranges the hypervisor forwards (*ioreq.Server).
@@ -138,6 +146,9 @@ func (r *XenRouter) Handle(req ioreq.Request) (uint64, error) {
 		if req.Reps() == 1 {
 			return r.access(bar, off, req)
 		}
+		if f, ok := r.backend.(BackendFiller); ok && r.fillable(bar, off, req) {
+			return 0, f.Fill32(bar, off, uint32(req.Data), req.Reps())
+		}
 		// A string instruction (REP STOS): each repetition in turn, as
 		// the device would see them; a read returns the last.
 		var v uint64
@@ -154,6 +165,13 @@ func (r *XenRouter) Handle(req ioreq.Request) (uint64, error) {
 		return v, nil
 	}
 	return 0, fmt.Errorf("%v access: %w", req.Kind, ErrNotMine)
+}
+
+// fillable says whether a string instruction is a fill the backend can
+// take whole: 4-byte stores upwards into a memory BAR, aligned.
+func (r *XenRouter) fillable(bar int, off uint64, req ioreq.Request) bool {
+	return req.Kind == ioreq.KindMMIO && req.Write && req.Size == 4 && !req.Down &&
+		bar != nvc0.BAR5 && off%4 == 0 && req.Reps() <= ipc.MaxFillCount
 }
 
 // config serves a config space access of the vGPU's function; a BAR or

@@ -343,6 +343,28 @@ func (c *Client) Write32Sync(bar int, off uint64, v uint32) error {
 	return c.roundTrip(&req, &rsp)
 }
 
+// Fill32 stores v to n consecutive 32-bit words of a BAR from off (what a
+// REP STOSL does), as one request, and waits until the aggregator has
+// performed them all: n writes for the price of one round trip. n is
+// 1..MaxFillCount and every word must be in the BAR.
+func (c *Client) Fill32(bar int, off uint64, v uint32, n int) error {
+	if n < 1 || n > MaxFillCount {
+		return fmt.Errorf("ipc: fill32: %d words, want 1..%d", n, MaxFillCount)
+	}
+	if err := checkMMIO(bar, off); err != nil {
+		return fmt.Errorf("ipc: fill32: %w", err)
+	}
+	if err := checkMMIO(bar, off+4*uint64(n-1)); err != nil {
+		return fmt.Errorf("ipc: fill32 of %d words: %w", n, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req := request{kind: kindFill32, bar: uint16(bar), off: off, value: v, count: uint32(n), seq: c.seq}
+	var rsp response
+	return c.roundTrip(&req, &rsp)
+}
+
 // Call performs the generic call op with up to MaxCallArgs arguments and
 // waits for its result.
 func (c *Client) Call(op uint16, args ...uint64) (CallResult, error) {
@@ -375,6 +397,8 @@ func (c *Client) roundTrip(req *request, rsp *response) error {
 		want = kindCallReply
 	case kindWrite32Sync:
 		want = kindWrite32SyncDone
+	case kindFill32:
+		want = kindFill32Done
 	}
 	if rsp.kind != want || rsp.seq != req.seq {
 		return c.fail(violationf("got %s seq %d, want %s seq %d", kindName(rsp.kind), rsp.seq, kindName(want), req.seq))

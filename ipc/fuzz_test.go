@@ -15,6 +15,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		{kind: kindWrite32, bar: 5, off: 124, value: 1, seq: 3},
 		{kind: kindCall, op: 7, nargs: 6, args: [6]uint64{1, 2, 3, 4, 5, 6}, seq: 4},
 		{kind: kindCall, op: 1, nargs: 0, seq: 5},
+		{kind: kindFill32, bar: 3, off: 0x1000, value: 0, count: MaxFillCount, seq: 6},
 	} {
 		b := make([]byte, EntrySize)
 		encodeRequest(b, &r)
@@ -38,6 +39,9 @@ func FuzzDecodeRequest(f *testing.F) {
 			}
 			if r.off+4 > barSize(r.bar) {
 				t.Fatalf("accepted BAR%d+%#x", r.bar, r.off)
+			}
+			if r.kind == kindFill32 && (r.count == 0 || r.count > MaxFillCount || r.off+4*uint64(r.count) > barSize(r.bar)) {
+				t.Fatalf("accepted a fill of %d words at BAR%d+%#x", r.count, r.bar, r.off)
 			}
 		} else if r.nargs > MaxCallArgs {
 			t.Fatalf("accepted %d args", r.nargs)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"io"
 	"os"
 	"strings"
@@ -737,4 +738,78 @@ func TestWrite32Sync(t *testing.T) {
 			t.Fatal("sync write succeeded although the handler failed")
 		}
 	})
+}
+
+// TestFill32: a fill stores its value to every word of the span through
+// the handler, in order, and returns only once they are all stored, on both
+// transports. Bad spans are refused by the client, and by the server when a
+// hostile client sends them anyway; a handler failure ends the connection.
+func TestFill32(t *testing.T) {
+	forTransports(t, func(t *testing.T, tr Transport) {
+		ts := startServer(t, nil)
+		c, _, s := dialTest(t, ts, "vm1", tr, nil)
+		if err := c.Write32(1, 0x10, 7); err != nil { // posted, then the fill after it
+			t.Fatal(err)
+		}
+		if err := c.Fill32(1, 0x10, 0xF111, MaxFillCount); err != nil {
+			t.Fatal(err)
+		}
+		s.h.mu.Lock()
+		for i := range uint64(MaxFillCount) {
+			if got := s.h.m[[2]uint64{1, 0x10 + 4*i}]; got != 0xF111 {
+				t.Fatalf("word %d after the fill: %#x", i, got)
+			}
+		}
+		if n := len(s.h.writes); n != 1+MaxFillCount {
+			t.Fatalf("%d writes reached the handler, want %d", n, 1+MaxFillCount)
+		}
+		s.h.mu.Unlock()
+		last := nvc0.BARSize(3) - 4
+		for _, bad := range []struct {
+			bar int
+			off uint64
+			n   int
+		}{{1, 0, 0}, {1, 0, MaxFillCount + 1}, {1, 2, 4}, {3, last, 2}, {2, 0, 1}} {
+			if err := c.Fill32(bad.bar, bad.off, 1, bad.n); err == nil {
+				t.Errorf("fill of %d words at BAR%d+%#x accepted", bad.n, bad.bar, bad.off)
+			}
+		}
+		if err := c.Fill32(3, last, 9, 1); err != nil {
+			t.Fatalf("a one-word fill of the BAR's last word: %v", err)
+		}
+		s.h.mu.Lock()
+		s.h.fail = errors.New("handler broke")
+		s.h.mu.Unlock()
+		if err := c.Fill32(1, 0, 1, 2); err == nil {
+			t.Fatal("fill succeeded although the handler failed")
+		}
+	})
+}
+
+// TestFill32Decode: the server refuses fills the client would not send.
+func TestFill32Decode(t *testing.T) {
+	enc := func(r request) []byte {
+		b := make([]byte, EntrySize)
+		encodeRequest(b, &r)
+		return b
+	}
+	last := nvc0.BARSize(1) - 4
+	for name, b := range map[string][]byte{
+		"count 0":          enc(request{kind: kindFill32, bar: 1, count: 0}),
+		"count too large":  enc(request{kind: kindFill32, bar: 1, count: MaxFillCount + 1}),
+		"past the BAR":     enc(request{kind: kindFill32, bar: 1, off: last, count: 2}),
+		"wrapping":         enc(request{kind: kindFill32, bar: 1, off: ^uint64(3), count: 2}),
+		"unaligned":        enc(request{kind: kindFill32, bar: 1, off: 2, count: 1}),
+		"no such BAR":      enc(request{kind: kindFill32, bar: 4, count: 1}),
+		"trailing garbage": append(enc(request{kind: kindFill32, bar: 1, count: 1})[:EntrySize-1], 1),
+	} {
+		var r request
+		if err := decodeRequest(b, &r); err == nil {
+			t.Errorf("%s: accepted %+v", name, r)
+		}
+	}
+	var r request
+	if err := decodeRequest(enc(request{kind: kindFill32, bar: 1, off: last, count: 1, value: 5, seq: 9}), &r); err != nil || r.count != 1 || r.value != 5 {
+		t.Fatalf("a good fill: %+v, %v", r, err)
+	}
 }

@@ -207,6 +207,16 @@ func (s *ServerConn) execute(h Handler, req *request) (rsp response, reply bool,
 			return response{kind: kindWrite32SyncDone, seq: req.seq}, true, nil
 		}
 		return rsp, false, nil
+	case kindFill32:
+		// Word by word through the handler, as that many Write32s would
+		// be: the aggregator's checks see each store; only the trips
+		// between the processes are saved.
+		for i := range uint64(req.count) {
+			if err := h.Write32(int(req.bar), req.off+4*i, req.value); err != nil {
+				return rsp, false, &HandlerError{Op: "fill32", Err: err}
+			}
+		}
+		return response{kind: kindFill32Done, seq: req.seq}, true, nil
 	case kindRead32:
 		v, err := h.Read32(int(req.bar), req.off)
 		if err != nil {

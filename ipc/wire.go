@@ -104,10 +104,17 @@ const (
 	kindWrite32         = 2
 	kindCall            = 3
 	kindWrite32Sync     = 4 // a Write32 the client waits for (as a Xen ioreq blocks the vCPU)
+	kindFill32          = 5 // count Write32s of one value to consecutive words (a REP STOS), waited for
 	kindRead32Reply     = 0x81
 	kindCallReply       = 0x83
 	kindWrite32SyncDone = 0x84
+	kindFill32Done      = 0x85
 )
+
+// MaxFillCount is the most words one Fill32 request stores: what one Xen
+// ioreq of a REP STOS can carry (its count field; Xen clips a longer
+// instruction into several ioreqs).
+const MaxFillCount = 4096
 
 var le = binary.LittleEndian
 
@@ -181,8 +188,9 @@ type request struct {
 	bar   uint16 // READ32/WRITE32/WRITE32_SYNC
 	op    uint16 // CALL
 	seq   uint32
-	value uint32 // WRITE32/WRITE32_SYNC
-	off   uint64 // READ32/WRITE32/WRITE32_SYNC
+	value uint32 // WRITE32/WRITE32_SYNC/FILL32
+	off   uint64 // READ32/WRITE32/WRITE32_SYNC/FILL32
+	count uint32 // FILL32: words, 1..MaxFillCount
 	nargs int
 	args  [MaxCallArgs]uint64
 }
@@ -194,10 +202,13 @@ func encodeRequest(b []byte, r *request) {
 	le.PutUint16(b[0:], r.kind)
 	le.PutUint32(b[4:], r.seq)
 	switch r.kind {
-	case kindRead32, kindWrite32, kindWrite32Sync:
+	case kindRead32, kindWrite32, kindWrite32Sync, kindFill32:
 		le.PutUint16(b[2:], r.bar)
 		le.PutUint32(b[8:], r.value)
 		le.PutUint64(b[16:], r.off)
+		if r.kind == kindFill32 {
+			le.PutUint32(b[12:], r.count)
+		}
 	case kindCall:
 		le.PutUint16(b[2:], r.op)
 		le.PutUint32(b[8:], uint32(r.nargs))
@@ -223,8 +234,11 @@ func decodeRequest(b []byte, r *request) error {
 		return fmt.Errorf("request entry is %d bytes, want %d", len(b), EntrySize)
 	}
 	*r = request{kind: le.Uint16(b[0:]), seq: le.Uint32(b[4:])}
-	if r.kind != kindRead32 && r.kind != kindWrite32 && r.kind != kindWrite32Sync && r.kind != kindCall {
+	if r.kind != kindRead32 && r.kind != kindWrite32 && r.kind != kindWrite32Sync && r.kind != kindCall && r.kind != kindFill32 {
 		return fmt.Errorf("unknown request kind %d", r.kind)
+	}
+	if r.kind == kindFill32 {
+		return decodeFill(b, r)
 	}
 	if le.Uint32(b[12:]) != 0 {
 		return fmt.Errorf("request kind %d: reserved word at offset 12 is %#x, want 0", r.kind, le.Uint32(b[12:]))
@@ -263,6 +277,28 @@ func decodeRequest(b []byte, r *request) error {
 	return nil
 }
 
+// decodeFill decodes a FILL32 entry: the BAR, value and offset as a
+// WRITE32's, the count at offset 12; every word it stores must be in the BAR.
+func decodeFill(b []byte, r *request) error {
+	r.bar = le.Uint16(b[2:])
+	r.value = le.Uint32(b[8:])
+	r.count = le.Uint32(b[12:])
+	r.off = le.Uint64(b[16:])
+	if !allZero(b[24:EntrySize]) {
+		return fmt.Errorf("fill32: bytes 24..63 must be zero")
+	}
+	if r.count == 0 || r.count > MaxFillCount {
+		return fmt.Errorf("fill32: count %d, want 1..%d", r.count, MaxFillCount)
+	}
+	if err := checkMMIO(int(r.bar), r.off); err != nil {
+		return fmt.Errorf("fill32: %w", err)
+	}
+	if err := checkMMIO(int(r.bar), r.off+4*uint64(r.count-1)); err != nil {
+		return fmt.Errorf("fill32 of %d words: %w", r.count, err)
+	}
+	return nil
+}
+
 func kindName(k uint16) string {
 	switch k {
 	case kindRead32:
@@ -271,6 +307,10 @@ func kindName(k uint16) string {
 		return "write32"
 	case kindWrite32Sync:
 		return "write32 sync"
+	case kindFill32:
+		return "fill32"
+	case kindFill32Done:
+		return "fill32 done"
 	case kindCall:
 		return "call"
 	case kindRead32Reply:
@@ -317,9 +357,9 @@ func decodeResponse(b []byte, r *response) error {
 		if !allZero(b[16:EntrySize]) {
 			return fmt.Errorf("read32 reply: bytes 16..63 must be zero")
 		}
-	case kindWrite32SyncDone:
+	case kindWrite32SyncDone, kindFill32Done:
 		if r.value != 0 || !allZero(b[16:EntrySize]) {
-			return fmt.Errorf("write32 sync done: bytes 8..63 must be zero")
+			return fmt.Errorf("%s: bytes 8..63 must be zero", kindName(r.kind))
 		}
 	case kindCallReply:
 		for i := range r.result {
