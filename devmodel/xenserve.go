@@ -30,6 +30,12 @@ type XenConfig struct {
 	PlaceMem, PlaceIO uint64
 	// XenDir holds privcmd and evtchn ("" = /dev/xen).
 	XenDir string
+	// Spin is how many times the aggregator connection polls for a reply
+	// before it sleeps (ipc.DialOptions.Spin), but 0 means never spin: the
+	// right choice in dom0, where a vCPU that spins holds a physical CPU
+	// that the trapped guest vCPU, or the aggregator serving it, waits for
+	// (Xen's credit scheduler gives it back only at the end of a time slice).
+	Spin   int
 	Logger *slog.Logger
 	// OpenServer opens the domain's ioreq server with cfg (nil: ioreq.Open
 	// on XenDir). Tests pass an in-memory hypervisor's.
@@ -65,7 +71,11 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	}
 	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: cfg.RAMSize,
 		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen}
-	client, w, extra, err := ipc.Dial(ctx, cfg.Socket, hello, nil, nil, nil)
+	spin := cfg.Spin
+	if spin == 0 {
+		spin = -1
+	}
+	client, w, extra, err := ipc.Dial(ctx, cfg.Socket, hello, nil, nil, &ipc.DialOptions{Spin: spin, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("device model of domain %d: %w", cfg.DomID, err)
 	}

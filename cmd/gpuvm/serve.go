@@ -40,6 +40,7 @@ func serveCommand() *cli.Command {
 			&cli.PathFlag{Name: "control-socket", Usage: "override daemon.control_socket"},
 			&cli.BoolFlag{Name: "xen", Usage: "serve guests of real Xen (run in dom0): device models may offer their domain's own RAM, which the daemon maps through /dev/xen/privcmd (gpuvm xl create starts such device models)"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd is, with --xen"},
+			&cli.IntFlag{Name: "ipc-spin", Usage: "polls of an empty request ring before sleeping (default: 20000, or never with --xen, where a spinning dom0 vCPU holds the CPU a trapped guest waits for)"},
 		},
 		Action: runServe,
 	}
@@ -60,6 +61,21 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 		cfg.Daemon.ControlSocket = s
 	}
 	return cfg, nil
+}
+
+// serverSpin is the aggregator's IPC spin budget: the flag, else none on
+// Xen, else the default.
+func serverSpin(c *cli.Context) int {
+	switch {
+	case c.IsSet("ipc-spin"):
+		if n := c.Int("ipc-spin"); n > 0 {
+			return n
+		}
+		return -1
+	case c.Bool("xen"):
+		return -1
+	}
+	return 0
 }
 
 func runServe(c *cli.Context) error {
@@ -121,7 +137,7 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
-	ln, err := ipc.Listen(cfg.Daemon.Socket, nil)
+	ln, err := ipc.Listen(cfg.Daemon.Socket, &ipc.ListenOptions{Spin: serverSpin(c)})
 	if err != nil {
 		return err
 	}

@@ -51,13 +51,20 @@ func Open(dir string) (*Handle, error) {
 
 // sysIoctl issues the ioctl on the device. arg is memory the caller keeps
 // alive (Go heap memory does not move).
+// An ioctl that fails with EINTR, interrupted by a signal before it did
+// anything (the Go runtime preempts goroutines with SIGURG), is issued again.
 func (h *Handle) sysIoctl(req uintptr, arg unsafe.Pointer) error {
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(h.fd), req, uintptr(arg))
-	runtime.KeepAlive(arg)
-	if errno != 0 {
+	for {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(h.fd), req, uintptr(arg))
+		runtime.KeepAlive(arg)
+		switch errno {
+		case 0:
+			return nil
+		case unix.EINTR:
+			continue
+		}
 		return errno
 	}
-	return nil
 }
 
 // Close closes the device. Mappings made through it stay valid until
