@@ -29,8 +29,12 @@ func WriteJSONValue(w io.Writer, v any) error {
 // WriteTable writes the report as a readable table: per workload, one row per
 // phase with the median, minimum and maximum, and the total.
 func WriteTable(w io.Writer, r Report) error {
-	fmt.Fprintf(w, "board: %s (%s), %s VRAM, %d channels, timing %s\n", r.Board.Name, r.Board.Kind,
-		formatBytes(r.Board.VRAMBytes), r.Board.Channels, r.Board.Timing)
+	chans := "" // unknown to a guest, which sees only its vGPU
+	if r.Board.Channels > 0 {
+		chans = fmt.Sprintf(", %d channels", r.Board.Channels)
+	}
+	fmt.Fprintf(w, "board: %s (%s), %s VRAM%s, timing %s\n", r.Board.Name, r.Board.Kind,
+		formatBytes(r.Board.VRAMBytes), chans, r.Board.Timing)
 	if len(r.Results) > 0 {
 		fmt.Fprintf(w, "runs: %d measured after %d warm-up; times are median [min – max]\n\n", r.Results[0].Runs, r.Warmup)
 	}

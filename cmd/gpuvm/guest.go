@@ -318,7 +318,13 @@ func guestRun(c *cli.Context, f *guestFlags, bars guestBARs, dma nouveau.HostMem
 	rtt = timeRoundTrip(bars, f.roundTrips)
 
 	progress := newProgress(c.App.ErrWriter)
-	counters := func() map[string]uint64 { return bars.Stats().Counters() }
+	counters := func() map[string]uint64 {
+		c := bars.Stats().Counters()
+		if f.pv != nouveau.PVOff {
+			c["hypercalls"] = drv.Hypercalls() // the guest's own count (GPUvm Table 4.1)
+		}
+		return c
+	}
 	rep := bench.Report{Warmup: 1, Board: bench.BoardInfo{Name: "virtual GPU", Kind: "in a Xen guest, " + f.mode,
 		VRAMBytes: drv.VRAMSize(), Timing: "real (every register access a Xen trap)"}}
 	for _, w := range f.work {

@@ -30,9 +30,10 @@ type pvClient struct {
 	encs  sync.Pool // *hypercall.Encoder for multicalls
 	one   sync.Pool // *hypercall.Encoder for single calls
 
-	mu     sync.Mutex // guards slot and closed
+	mu     sync.Mutex // guards slot, closed and calls
 	slot   hostmem.Buffer
 	closed bool
+	calls  uint64 // hypercalls made (a multicall is one)
 }
 
 // openPV checks that the virtual GPU serves hypercalls and registers the
@@ -57,6 +58,18 @@ func (d *Device) openPV(multi bool) (*pvClient, error) {
 		return nil, fmt.Errorf("hypercall slot at %#x: %w", slot.Bus, err)
 	}
 	return p, nil
+}
+
+// Hypercalls returns how many hypercalls the driver has made (a multicall
+// counts once: it is one trap), 0 outside the PV modes. It is the guest's
+// own count; the aggregator's counters are the trusted one.
+func (d *Device) Hypercalls() uint64 {
+	if d.pv == nil {
+		return 0
+	}
+	d.pv.mu.Lock()
+	defer d.pv.mu.Unlock()
+	return d.pv.calls
 }
 
 // register makes the page at bus slot 0 (or, without enable, unregisters it).
@@ -106,6 +119,7 @@ func (p *pvClient) trap(enc *hypercall.Encoder) ([]uint32, error) {
 	for i := range enc.Len() {
 		hypercall.PutResult(page, enc.At(i), notRun, 0)
 	}
+	p.calls++
 	p.mmio.Write32(hypercall.BAR, hypercall.RegCall, 0)
 
 	top, _ := hypercall.Result(page, 0)
