@@ -68,7 +68,14 @@ func xlCommand() *cli.Command {
 type xlDomain struct {
 	vgpu   xlcfg.VGPU
 	memory uint64 // bytes (xl's memory, MiB)
+	// overrides are KEY=VALUE settings passed to xl create after the file.
+	overrides []string
 }
+
+// restartActions are the xl on_* actions that start the domain again
+// under a new domain id, which the device model (serving one domain id)
+// and its vGPU would not follow.
+var restartActions = map[string]bool{"restart": true, "rename-restart": true, "coredump-restart": true, "soft-reset": true}
 
 func readXLConfig(path string) (xlDomain, error) {
 	f, err := xlcfg.Load(path)
@@ -91,6 +98,23 @@ func readXLConfig(path string) (xlDomain, error) {
 			return xlDomain{}, &xlcfg.Error{Path: path, Pos: s.Value.Pos, Key: "memory", Msg: "want a whole number of MiB"}
 		}
 		d.memory = uint64(s.Value.Num) << 20
+	}
+	// A guest that reboots or crashes must end, not come back without its
+	// vGPU: xl's default on_reboot ("restart") is overridden, and a
+	// configured restart is refused.
+	for _, key := range []string{"on_reboot", "on_crash", "on_watchdog"} {
+		act, ok, err := f.String(key)
+		if err != nil {
+			return xlDomain{}, err
+		}
+		if ok && restartActions[act] {
+			s, _ := f.Get(key)
+			return xlDomain{}, &xlcfg.Error{Path: path, Pos: s.Value.Pos, Key: key,
+				Msg: fmt.Sprintf("%q starts the domain again under a new id, without its vGPU; use \"destroy\" (gpuvm xl create then ends; create the domain again for a new vGPU)", act)}
+		}
+		if !ok && key == "on_reboot" {
+			d.overrides = append(d.overrides, `on_reboot="destroy"`)
+		}
 	}
 	return d, nil
 }
@@ -135,7 +159,7 @@ func runXLCreate(c *cli.Context) error {
 
 	ctx := c.Context
 	t0 := time.Now()
-	if _, err := xl(ctx, "create", "-p", args[0]); err != nil {
+	if _, err := xl(ctx, append([]string{"create", "-p", args[0]}, dom.overrides...)...); err != nil {
 		return &exitError{code: exitFailure, err: err}
 	}
 	out, err := xl(ctx, "domid", dom.vgpu.Name)
