@@ -273,8 +273,7 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 	say("vGPU torn down after %d accesses served (%d refused); the device model took %s per access (the aggregator's answer over IPC)",
 		st.Served, st.Refused, bench.FormatDuration(int64(st.MeanHandlerTime())))
 	switch {
-	case errors.Is(cause, errGone):
-		say("domain %d is gone", domid)
+	case errors.Is(cause, errGone): // said when it was seen
 		return nil
 	case errors.Is(cause, errSignal):
 		destroy(cause.Error())
