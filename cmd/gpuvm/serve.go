@@ -40,7 +40,7 @@ func serveCommand() *cli.Command {
 			&cli.PathFlag{Name: "control-socket", Usage: "override daemon.control_socket"},
 			&cli.BoolFlag{Name: "xen", Usage: "serve guests of real Xen (run in dom0): device models may offer their domain's own RAM, which the daemon maps through /dev/xen/privcmd (gpuvm xl create starts such device models)"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd is, with --xen"},
-			&cli.IntFlag{Name: "ipc-spin", Usage: "polls of an empty request ring before sleeping (default: 20000, or never with --xen, where a spinning dom0 vCPU holds the CPU a trapped guest waits for)"},
+			&cli.IntFlag{Name: "ipc-spin", Usage: "polls of an empty request ring before sleeping, 0 never (default: 20000, or never with --xen, where a spinning dom0 vCPU holds the CPU a trapped guest waits for)"},
 		},
 		Action: runServe,
 	}
