@@ -348,14 +348,8 @@ func (c *Client) Write32Sync(bar int, off uint64, v uint32) error {
 // performed them all: n writes for the price of one round trip. n is
 // 1..MaxFillCount and every word must be in the BAR.
 func (c *Client) Fill32(bar int, off uint64, v uint32, n int) error {
-	if n < 1 || n > MaxFillCount {
-		return fmt.Errorf("ipc: fill32: %d words, want 1..%d", n, MaxFillCount)
-	}
-	if err := checkMMIO(bar, off); err != nil {
-		return fmt.Errorf("ipc: fill32: %w", err)
-	}
-	if err := checkMMIO(bar, off+4*uint64(n-1)); err != nil {
-		return fmt.Errorf("ipc: fill32 of %d words: %w", n, err)
+	if err := checkFill(bar, off, n); err != nil {
+		return fmt.Errorf("ipc: %w", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

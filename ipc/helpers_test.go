@@ -21,6 +21,9 @@ type regs struct {
 	writes []uint32     // values written, in arrival order
 	delay  atomic.Int64 // ns, for Call op 2
 	fail   error        // returned by every op once set
+	// writeLimit, if set, fails every write after that many (a vGPU torn
+	// down in the middle of a fill).
+	writeLimit int
 }
 
 func newRegs() *regs { return &regs{m: make(map[[2]uint64]uint32)} }
@@ -39,6 +42,9 @@ func (r *regs) Write32(bar int, off uint64, v uint32) error {
 	defer r.mu.Unlock()
 	if r.fail != nil {
 		return r.fail
+	}
+	if r.writeLimit > 0 && len(r.writes) >= r.writeLimit {
+		return errors.New("torn down")
 	}
 	r.m[[2]uint64{uint64(bar), off}] = v
 	r.writes = append(r.writes, v)

@@ -786,6 +786,33 @@ func TestFill32(t *testing.T) {
 	})
 }
 
+// TestFill32TornDown: a handler that fails in the middle of a fill (the
+// vGPU torn down while the fill runs) stops it at that word: nothing is
+// stored after the failure, the client gets an error, and the connection
+// ends.
+func TestFill32TornDown(t *testing.T) {
+	forTransports(t, func(t *testing.T, tr Transport) {
+		ts := startServer(t, nil)
+		c, _, s := dialTest(t, ts, "vm1", tr, nil)
+		s.h.mu.Lock()
+		s.h.writeLimit = 100
+		s.h.mu.Unlock()
+		if err := c.Fill32(1, 0, 7, MaxFillCount); err == nil {
+			t.Fatal("a fill the handler failed in the middle returned no error")
+		}
+		s.h.mu.Lock()
+		n := len(s.h.writes)
+		_, past := s.h.m[[2]uint64{1, 4 * 100}]
+		s.h.mu.Unlock()
+		if n != 100 || past {
+			t.Fatalf("%d words stored (word 100 stored: %v), want the 100 before the failure", n, past)
+		}
+		if err := c.Write32Sync(1, 0, 1); err == nil {
+			t.Fatal("the connection outlived a failed fill")
+		}
+	})
+}
+
 // TestFill32Decode: the server refuses fills the client would not send.
 func TestFill32Decode(t *testing.T) {
 	enc := func(r request) []byte {

@@ -287,14 +287,20 @@ func decodeFill(b []byte, r *request) error {
 	if !allZero(b[24:EntrySize]) {
 		return fmt.Errorf("fill32: bytes 24..63 must be zero")
 	}
-	if r.count == 0 || r.count > MaxFillCount {
-		return fmt.Errorf("fill32: count %d, want 1..%d", r.count, MaxFillCount)
+	return checkFill(int(r.bar), r.off, int(r.count))
+}
+
+// checkFill validates a fill of n words from off: 1..MaxFillCount words,
+// the first and the last (so all) in the BAR.
+func checkFill(bar int, off uint64, n int) error {
+	if n < 1 || n > MaxFillCount {
+		return fmt.Errorf("fill32: %d words, want 1..%d", n, MaxFillCount)
 	}
-	if err := checkMMIO(int(r.bar), r.off); err != nil {
+	if err := checkMMIO(bar, off); err != nil {
 		return fmt.Errorf("fill32: %w", err)
 	}
-	if err := checkMMIO(int(r.bar), r.off+4*uint64(r.count-1)); err != nil {
-		return fmt.Errorf("fill32 of %d words: %w", r.count, err)
+	if err := checkMMIO(bar, off+4*uint64(n-1)); err != nil {
+		return fmt.Errorf("fill32 of %d words: %w", n, err)
 	}
 	return nil
 }

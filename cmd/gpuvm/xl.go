@@ -72,9 +72,10 @@ type xlDomain struct {
 	overrides []string
 }
 
-// restartActions are the xl on_* actions that start the domain again
-// under a new domain id, which the device model (serving one domain id)
-// and its vGPU would not follow.
+// restartActions are the xl on_* actions that start the domain again,
+// under a new domain id or (soft-reset) with its memory rebuilt, which the
+// device model (serving one domain id) and the aggregator's mapping of
+// its RAM would not follow.
 var restartActions = map[string]bool{"restart": true, "rename-restart": true, "coredump-restart": true, "soft-reset": true}
 
 func readXLConfig(path string) (xlDomain, error) {
@@ -110,7 +111,7 @@ func readXLConfig(path string) (xlDomain, error) {
 		if ok && restartActions[act] {
 			s, _ := f.Get(key)
 			return xlDomain{}, &xlcfg.Error{Path: path, Pos: s.Value.Pos, Key: key,
-				Msg: fmt.Sprintf("%q starts the domain again under a new id, without its vGPU; use \"destroy\" (gpuvm xl create then ends; create the domain again for a new vGPU)", act)}
+				Msg: fmt.Sprintf("%q starts the domain again without its vGPU; use \"destroy\" (gpuvm xl create then ends; create the domain again for a new vGPU)", act)}
 		}
 		if !ok && key == "on_reboot" {
 			d.overrides = append(d.overrides, `on_reboot="destroy"`)
