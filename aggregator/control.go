@@ -18,13 +18,56 @@ type VGPUInfo struct {
 	ChanBase  int            `json:"channel_base"`
 	Channels  int            `json:"channels"`
 	Counters  map[string]any `json:"counters"`
+	// Sched is its account with the GPU scheduler.
+	Sched SchedStats `json:"sched"`
+	// VRAMInUse is how much of its slot's VRAM holds pages it wrote (-1:
+	// the host GPU cannot tell).
+	VRAMInUse int64 `json:"vram_in_use"`
 }
 
 // Info describes a vGPU.
 func (v *VGPU) Info() VGPUInfo {
+	return v.info(v.SchedStats())
+}
+
+func (v *VGPU) info(s SchedStats) VGPUInfo {
 	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode,
 		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
-		Counters: Report(v.Counters().Map())}
+		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
+}
+
+// VRAMResidenter is implemented by host GPUs that can tell how much of a
+// VRAM slice holds pages (the simulated board's sparse memfds).
+type VRAMResidenter interface {
+	VRAMResident(base, size uint64) (uint64, error)
+}
+
+// VRAMInUse is how many bytes of v's whole slot hold pages it wrote since
+// the slot was last scrubbed, or -1 if the host GPU cannot tell. A fully
+// virtualized guest's allocator is its own business: what it touched is
+// what the host can know.
+func (v *VGPU) VRAMInUse() int64 {
+	r, ok := v.agg.gpu.(VRAMResidenter)
+	if !ok {
+		return -1
+	}
+	full := v.agg.layout.Slots[v.ID].VRAM
+	n, err := r.VRAMResident(full.Base, full.Size)
+	if err != nil {
+		return -1
+	}
+	return int64(n)
+}
+
+// Infos describes every attached vGPU, their scheduler accounts taken at
+// one instant.
+func (a *Aggregator) Infos() []VGPUInfo {
+	stats := a.SchedStats()
+	infos := []VGPUInfo{}
+	for _, v := range a.VGPUs() {
+		infos = append(infos, v.info(stats[v.ID]))
+	}
+	return infos
 }
 
 // ControlHandler serves the control API:
@@ -39,11 +82,7 @@ func (a *Aggregator) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	a.domainRoutes(mux)
 	mux.HandleFunc("GET /v1/vgpus", func(w http.ResponseWriter, r *http.Request) {
-		infos := []VGPUInfo{}
-		for _, v := range a.VGPUs() {
-			infos = append(infos, v.Info())
-		}
-		writeJSON(w, http.StatusOK, infos)
+		writeJSON(w, http.StatusOK, a.Infos())
 	})
 	mux.HandleFunc("GET /v1/vgpus/{id}", func(w http.ResponseWriter, r *http.Request) {
 		if v := a.lookup(r.PathValue("id")); v != nil {

@@ -82,6 +82,7 @@ type dispatcher struct {
 	lastDone map[int]time.Duration // when each vGPU's last submission completed
 	lastEnd  time.Duration         // when the last submission of any VM completed
 	think    map[string]*Think     // by guest name, while recording
+	accounts map[int]*account      // per vGPU, while it is served (accounting.go)
 
 	stops sync.WaitGroup // watchdog stops in progress
 }
@@ -99,7 +100,7 @@ type Think struct {
 func newDispatcher(a *Aggregator, p sched.Policy, watchdog time.Duration) *dispatcher {
 	return &dispatcher{a: a, policy: p, clock: sched.NewRealClock(), decisionCost: time.Since, watchdog: watchdog, poll: 20 * time.Microsecond,
 		log: a.log, wake: make(chan struct{}, 1), queues: map[int][]*submission{}, pending: map[chanKey]*submission{}, kills: map[int]uint64{},
-		lastDone: map[int]time.Duration{}, think: map[string]*Think{}}
+		lastDone: map[int]time.Duration{}, think: map[string]*Think{}, accounts: map[int]*account{}}
 }
 
 func (d *dispatcher) signal() {
@@ -113,7 +114,11 @@ func (d *dispatcher) signal() {
 func (d *dispatcher) addVM(v *VGPU, weight int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.policy.AddVM(sched.VMID(v.ID), weight, d.clock.Now())
+	if err := d.policy.AddVM(sched.VMID(v.ID), weight, d.clock.Now()); err != nil {
+		return err
+	}
+	d.accounts[v.ID] = &account{weight: weight}
+	return nil
 }
 
 func (d *dispatcher) removeVM(v *VGPU) {
@@ -122,6 +127,7 @@ func (d *dispatcher) removeVM(v *VGPU) {
 		delete(d.pending, chanKey{v.ID, s.ch})
 	}
 	delete(d.queues, v.ID)
+	delete(d.accounts, v.ID)
 	_ = d.policy.RemoveVM(sched.VMID(v.ID), d.clock.Now())
 	d.mu.Unlock()
 	d.signal()
@@ -321,6 +327,9 @@ func (d *dispatcher) release(id int, now time.Duration) {
 		d.log.Error("scheduler", "err", err)
 	}
 	s.released = now
+	if c := d.accounts[id]; c != nil {
+		c.wait(now - s.queued)
+	}
 	d.inflight = append(d.inflight, s)
 	if s.void {
 		return // completes at the next reap, without touching the GPU
@@ -394,6 +403,9 @@ func (d *dispatcher) reap() {
 			d.log.Error("scheduler", "err", cerr)
 		}
 		d.lastDone[s.v.ID] = now
+		if c := d.accounts[s.v.ID]; c != nil {
+			c.ran(now-begin, now)
+		}
 		if d.record {
 			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: begin, End: now})
 		}

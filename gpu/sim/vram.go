@@ -267,3 +267,21 @@ func (b *Board) ScrubVRAM(off, n uint64) error {
 	}
 	return nil
 }
+
+// VRAMResident returns how many bytes of the VRAM segment that is exactly
+// [base, base+size) hold pages: the VRAM its tenant has written since the
+// segment was last scrubbed or renewed (memfd pages are allocated on first
+// write and punched out by scrubbing).
+func (b *Board) VRAMResident(base, size uint64) (uint64, error) {
+	b.vram.mu.Lock()
+	defer b.vram.mu.Unlock()
+	i, err := b.vram.segmentIndex(base, size)
+	if err != nil {
+		return 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(b.vram.segs[i].fd, &st); err != nil {
+		return 0, fmt.Errorf("sim: VRAM segment: %w", err)
+	}
+	return uint64(st.Blocks) * 512, nil
+}
