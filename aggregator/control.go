@@ -13,6 +13,7 @@ type VGPUInfo struct {
 	DomID     uint32         `json:"domid"`
 	Name      string         `json:"name"`
 	Mode      string         `json:"mode"`
+	PID       int32          `json:"devmodel_pid,omitempty"` // its device model's process
 	VRAMBase  uint64         `json:"vram_base"`
 	VRAMBytes uint64         `json:"vram_bytes"`
 	ChanBase  int            `json:"channel_base"`
@@ -31,7 +32,7 @@ func (v *VGPU) Info() VGPUInfo {
 }
 
 func (v *VGPU) info(s SchedStats) VGPUInfo {
-	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode,
+	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
 		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
 }

@@ -96,7 +96,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		a.servePVDRM(ctx, p, log)
 		return
 	}
-	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen}
+	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen, PID: p.Peer().PID}
 	var v *VGPU
 	var err error
 	if h.RAMSource == ipc.RAMXen {

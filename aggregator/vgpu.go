@@ -23,6 +23,10 @@ type Guest struct {
 	// so its aperture accesses all trap and BAR remap is off whatever the
 	// mode says (no remap table to keep, no slice handed out).
 	XenRAM bool
+	// PID is the device model's process as the kernel named it when it
+	// connected (SO_PEERCRED; 0 when unknown): what to trace for its CPU
+	// time.
+	PID int32
 }
 
 // vchan is the aggregator's view of one guest channel.
