@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/hypercall"
+	"github.com/gpuvm/gpuvm/internal/probe"
 )
 
 // ErrDetached is returned for accesses to a vGPU that was torn down.
@@ -26,6 +27,8 @@ func checkAccess(bar int, off uint64) error {
 // error means the device model misbehaved or the vGPU is gone: the caller
 // drops the connection.
 func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
+	probe.TrapBegin(v.ID, bar, false) // gpuvm trace: a trapped access's latency
+	defer probe.TrapEnd(v.ID)
 	if err := checkAccess(bar, off); err != nil {
 		return 0, err
 	}
@@ -46,6 +49,8 @@ func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
 
 // Write32 handles a trapped guest write.
 func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
+	probe.TrapBegin(v.ID, bar, true)
+	defer probe.TrapEnd(v.ID)
 	if err := checkAccess(bar, off); err != nil {
 		return err
 	}

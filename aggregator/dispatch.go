@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/internal/probe"
 	"github.com/gpuvm/gpuvm/internal/spin"
 	"github.com/gpuvm/gpuvm/sched"
 )
@@ -327,6 +328,7 @@ func (d *dispatcher) release(id int, now time.Duration) {
 		d.log.Error("scheduler", "err", err)
 	}
 	s.released = now
+	probe.Release(id, int64(now-s.queued)) // gpuvm trace: doorbell-to-release wait
 	if c := d.accounts[id]; c != nil {
 		c.wait(now - s.queued)
 	}
