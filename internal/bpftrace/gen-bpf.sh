@@ -15,9 +15,11 @@ out=${1:-.}
 clang=${CLANG:-clang}
 strip=${LLVM_STRIP:-llvm-strip}
 # The BPF target has no multiarch include path of its own: asm/ptrace.h
-# (struct pt_regs) is x86-64's, as the uprobes read amd64 registers.
+# (struct pt_regs) is x86-64's, as the uprobes read amd64 registers. BTF's
+# line info names the source file: -fdebug-prefix-map makes that
+# ./gpuvm_trace.bpf.c wherever the tree is, so the object is reproducible.
 "$clang" -O2 -g -Wall -Werror -target bpf -D__TARGET_ARCH_x86 \
-	-I/usr/include/x86_64-linux-gnu \
+	-I/usr/include/x86_64-linux-gnu -fdebug-prefix-map="$(pwd)"=. \
 	-c gpuvm_trace.bpf.c -o "$out/gpuvm_trace.bpf.o"
 # Drop DWARF, keep BTF (.BTF, .BTF.ext): the loader needs it for the maps.
 "$strip" -g "$out/gpuvm_trace.bpf.o"
