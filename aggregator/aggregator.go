@@ -43,9 +43,15 @@ type Options struct {
 	// device model chooses). A device model that asks for another mode is
 	// refused, with both modes in the reason.
 	Mode func(Guest) string
-	// Quota returns a guest's channel and VRAM quota within its slot (nil,
-	// or zeros: the whole slot).
-	Quota func(Guest) (channels int, vram uint64)
+	// Quota returns how a guest's slot is narrowed (nil, or zeros: the
+	// whole slot).
+	Quota func(Guest) Quota
+	// Profiles are the vGPU profiles a toolstack may name in a domain's
+	// settings (DomainSettings.Profile), listed by GET /v1/types.
+	Profiles []Profile
+	// ProfileOf names the profile a guest's configuration gave it, for
+	// reports ("": none; nil: never).
+	ProfileOf func(Guest) string
 	// PollDoorbells makes the aggregator find doorbells by polling the
 	// guests' user areas every PollInterval (GPUvm's "sidecore", thesis
 	// §4.4) instead of trapping GP_PUT writes; the user-area pages may then

@@ -14,10 +14,13 @@ type VGPUInfo struct {
 	Name      string         `json:"name"`
 	Mode      string         `json:"mode"`
 	PID       int32          `json:"devmodel_pid,omitempty"` // its device model's process
+	Profile   string         `json:"profile,omitempty"`      // the vGPU profile that sized it
 	VRAMBase  uint64         `json:"vram_base"`
 	VRAMBytes uint64         `json:"vram_bytes"`
 	ChanBase  int            `json:"channel_base"`
 	Channels  int            `json:"channels"`
+	BAR1Bytes uint64         `json:"bar1_bytes"`
+	BAR3Bytes uint64         `json:"bar3_bytes"`
 	Counters  map[string]any `json:"counters"`
 	// Sched is its account with the GPU scheduler.
 	Sched SchedStats `json:"sched"`
@@ -34,6 +37,7 @@ func (v *VGPU) Info() VGPUInfo {
 func (v *VGPU) info(s SchedStats) VGPUInfo {
 	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
 		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
+		BAR1Bytes: v.Slot.BAR1.Size, BAR3Bytes: v.Slot.BAR3.Size, Profile: v.profile,
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
 }
 
@@ -77,11 +81,13 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	GET    /v1/vgpus/{id}  one vGPU
 //	DELETE /v1/vgpus/{id}  tear a vGPU down (its VM loses the GPU)
 //	GET    /v1/layout      how the board is partitioned
+//	GET    /v1/types       the vGPU profiles and how many more of each fit
 //
 // and the domain settings of domains.go (/v1/domains).
 func (a *Aggregator) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	a.domainRoutes(mux)
+	a.typeRoutes(mux)
 	mux.HandleFunc("GET /v1/vgpus", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Infos())
 	})

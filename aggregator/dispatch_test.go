@@ -122,11 +122,11 @@ func TestWatchdogKillsEndlessSubmission(t *testing.T) {
 // the other VM still gets a channel and computes (NEON saw one tenant deny
 // the GPU to all after 48 contexts).
 func TestChannelQuotaConfinesExhaustion(t *testing.T) {
-	agg := newSchedAggregator(t, "fifo", Options{Quota: func(g Guest) (int, uint64) {
+	agg := newSchedAggregator(t, "fifo", Options{Quota: func(g Guest) Quota {
 		if g.Name == "greedy" {
-			return 3, 128 << 20
+			return Quota{Channels: 3, VRAM: 128 << 20}
 		}
-		return 0, 0
+		return Quota{}
 	}})
 	greedy := startGuest(t, agg, "greedy", "fv-naive")
 	other := startGuest(t, agg, "other", "fv-naive")

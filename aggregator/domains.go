@@ -1,14 +1,17 @@
 package aggregator
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/ipc"
 )
 
@@ -16,10 +19,18 @@ import (
 // its device model connects (gpuvm xl create reads them from the domain's
 // xl config). For that domain they take precedence over the daemon's own
 // configuration ([[vm]]); zero fields leave it to the configuration.
+//
+// Profile names one of the daemon's vGPU profiles (Options.Profiles): it
+// supplies VRAM, channels, aperture slices and weight where the settings
+// leave them at zero. It is resolved when the settings are registered, so
+// a toolstack naming a profile the daemon does not have is told at once.
 type DomainSettings struct {
 	Mode     string `json:"mode,omitempty"`
+	Profile  string `json:"profile,omitempty"`
 	VRAM     uint64 `json:"vram,omitempty"`
 	Channels int    `json:"channels,omitempty"`
+	BAR1     uint64 `json:"bar1,omitempty"`
+	BAR3     uint64 `json:"bar3,omitempty"`
 	Weight   int    `json:"weight,omitempty"`
 }
 
@@ -38,8 +49,44 @@ func (s DomainSettings) validate() error {
 		return fmt.Errorf("weight %d: want 0..10000", s.Weight)
 	case s.VRAM > uint64(config.MaxVRAM):
 		return fmt.Errorf("vram %d: more than any board has", s.VRAM)
+	case s.BAR1 > nvc0.BARSize(nvc0.BAR1) || s.BAR1%nvc0.PageSize != 0:
+		return fmt.Errorf("bar1 %d: want a multiple of %d up to %d", s.BAR1, nvc0.PageSize, nvc0.BARSize(nvc0.BAR1))
+	case s.BAR3 > nvc0.BARSize(nvc0.BAR3) || s.BAR3%nvc0.PageSize != 0:
+		return fmt.Errorf("bar3 %d: want a multiple of %d up to %d", s.BAR3, nvc0.PageSize, nvc0.BARSize(nvc0.BAR3))
+	case s.Profile != "" && !config.ValidProfileName(s.Profile):
+		return fmt.Errorf("profile %q: not a profile name", s.Profile)
 	}
 	return nil
+}
+
+// withProfile fills s's zero fields from the profile it names.
+func (a *Aggregator) withProfile(s DomainSettings) (DomainSettings, error) {
+	if s.Profile == "" {
+		return s, nil
+	}
+	p, ok := a.profile(s.Profile)
+	if !ok {
+		var names []string
+		for _, p := range a.opts.Profiles {
+			names = append(names, p.Name)
+		}
+		return s, fmt.Errorf("no vGPU profile %q (have %s; gpuvm vgpu types lists them)", s.Profile, strings.Join(names, ", "))
+	}
+	s.VRAM = cmp.Or(s.VRAM, p.VRAM)
+	s.Channels = cmp.Or(s.Channels, p.Channels)
+	s.BAR1 = cmp.Or(s.BAR1, p.BAR1)
+	s.BAR3 = cmp.Or(s.BAR3, p.BAR3)
+	s.Weight = cmp.Or(s.Weight, p.Weight)
+	return s, nil
+}
+
+func (a *Aggregator) profile(name string) (Profile, bool) {
+	for _, p := range a.opts.Profiles {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Profile{}, false
 }
 
 // SetDomainSettings registers settings for domain domid's next vGPU; they
@@ -49,6 +96,10 @@ func (a *Aggregator) SetDomainSettings(domid uint32, s DomainSettings) error {
 		return fmt.Errorf("domain id %d not in %d..%d", domid, ipc.MinDomID, ipc.MaxDomID)
 	}
 	if err := s.validate(); err != nil {
+		return fmt.Errorf("domain %d: %w", domid, err)
+	}
+	s, err := a.withProfile(s)
+	if err != nil {
 		return fmt.Errorf("domain %d: %w", domid, err)
 	}
 	a.mu.Lock()
@@ -96,18 +147,26 @@ func (a *Aggregator) weightFor(g Guest) int {
 	return 1
 }
 
-func (a *Aggregator) quotaFor(g Guest) (channels int, vram uint64) {
+func (a *Aggregator) quotaFor(g Guest) Quota {
+	var q Quota
 	if a.opts.Quota != nil {
-		channels, vram = a.opts.Quota(g)
+		q = a.opts.Quota(g)
 	}
 	s := a.domainSettings(g)
-	if s.Channels > 0 {
-		channels = s.Channels
+	return Quota{Channels: cmp.Or(s.Channels, q.Channels), VRAM: cmp.Or(s.VRAM, q.VRAM),
+		BAR1: cmp.Or(s.BAR1, q.BAR1), BAR3: cmp.Or(s.BAR3, q.BAR3)}
+}
+
+// profileFor names the profile g's vGPU was sized by: its registered
+// settings', else its configuration's.
+func (a *Aggregator) profileFor(g Guest) string {
+	if p := a.domainSettings(g).Profile; p != "" {
+		return p
 	}
-	if s.VRAM > 0 {
-		vram = s.VRAM
+	if a.opts.ProfileOf != nil {
+		return a.opts.ProfileOf(g)
 	}
-	return channels, vram
+	return ""
 }
 
 // domainRoutes adds the domain-settings routes to the control API:

@@ -53,6 +53,14 @@ type guestVM struct {
 
 func startGuest(t testing.TB, agg *Aggregator, name, mode string) *guestVM {
 	t.Helper()
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return startGuestAs(t, agg, h.Sum32(), name, mode)
+}
+
+// startGuestAs is startGuest for domain domid.
+func startGuestAs(t testing.TB, agg *Aggregator, domid uint32, name, mode string) *guestVM {
+	t.Helper()
 	ram, err := hostmem.New(name, 64<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -63,9 +71,7 @@ func startGuest(t testing.TB, agg *Aggregator, name, mode string) *guestVM {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h := fnv.New32a()
-	h.Write([]byte(name))
-	v, err := agg.Attach(Guest{DomID: h.Sum32(), Name: name, Mode: mode}, f, ram.Size())
+	v, err := agg.Attach(Guest{DomID: domid, Name: name, Mode: mode}, f, ram.Size())
 	if err != nil {
 		t.Fatal(err)
 	}

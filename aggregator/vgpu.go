@@ -55,8 +55,10 @@ type VGPU struct {
 	Slot  Slot
 	Guest Guest
 	feat  Features
-	log   *slog.Logger
-	gripe *ratelog.Limiter // bounds the log lines the guest can cause
+	// profile names the vGPU profile that sized it ("": none).
+	profile string
+	log     *slog.Logger
+	gripe   *ratelog.Limiter // bounds the log lines the guest can cause
 
 	// The guest's RAM: its memfd mapped shared, registered with the board.
 	ram      []byte
@@ -124,19 +126,10 @@ func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() er
 	if g.XenRAM {
 		feat.Remap = false
 	}
-	{
-		// A quota narrows the slot: fewer channels, a smaller VRAM slice
-		// (the guest is told the smaller size and can reach nothing beyond).
-		if chans, vram := a.quotaFor(g); chans > 0 || vram > 0 {
-			if chans > 0 && chans < slot.Chans {
-				slot.Chans = chans
-			}
-			if vram > 0 && vram < slot.VRAM.Size {
-				slot.VRAM.Size = vram &^ (nvc0.LargePageSize - 1)
-			}
-		}
-	}
-	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, emu: map[uint32]uint32{},
+	// A quota narrows the slot: fewer channels, smaller VRAM and aperture
+	// slices (the guest is told the smaller sizes and reaches nothing beyond).
+	slot = a.quotaFor(g).narrow(slot, nvc0.LargePageSize, nvc0.PageSize)
+	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, profile: a.profileFor(g), emu: map[uint32]uint32{},
 		windowOK: true, verr: errreport.New(max(virtualQueue, slot.Chans)),
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
 		chans: make([]vchan, slot.Chans),

@@ -13,6 +13,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -36,6 +37,9 @@ type Config struct {
 	Scheduler SchedulerConfig `toml:"scheduler"`
 	// VMs are optional per-VM settings ([[vm]]), in file order.
 	VMs []VMConfig `toml:"vm,omitempty"`
+	// Profiles are named vGPU sizes ([[profile]]), in file order, besides
+	// the built-in ones (see AllProfiles).
+	Profiles []ProfileConfig `toml:"profile,omitempty"`
 
 	// src remembers where each key was written, for error positions. It is
 	// nil for a Config that was not parsed from a file.
@@ -317,6 +321,13 @@ type VMConfig struct {
 	// Channels lowers the VM's channel quota below Partition.ChannelsPerVM;
 	// 0 = the full range.
 	Channels int `toml:"channels,omitempty"`
+	// BAR1 and BAR3 narrow the VM's aperture slices below the partition's;
+	// 0 = the full slices.
+	BAR1 Size `toml:"bar1,omitempty"`
+	BAR3 Size `toml:"bar3,omitempty"`
+	// Profile names a vGPU size (ProfileConfig) that supplies VRAM,
+	// channels, aperture slices and weight where the entry leaves them out.
+	Profile string `toml:"profile,omitempty"`
 }
 
 // Default returns the built-in configuration: the simulated 6GiB Quadro
@@ -391,20 +402,32 @@ func DefaultVM() VMConfig {
 // zero domid matches nothing), else DefaultVM(). Zero quotas in the result
 // are replaced by the partition's, so VRAM and Channels are the effective
 // quotas.
+//
+// An entry that names a profile takes from it what it leaves out: the
+// sizes it leaves at zero, and the weight unless the entry's weight was
+// written in the file (for a Config built in code: unless it is not 0).
 func (c Config) LookupVM(name string, domid int) VMConfig {
 	v := DefaultVM()
-	for _, e := range c.VMs {
+	for i, e := range c.VMs {
 		if name != "" && e.Name == name || domid != 0 && e.DomID == domid {
 			v = e
+			if p, ok := c.LookupProfile(e.Profile); ok && e.Profile != "" {
+				v.VRAM = cmp.Or(v.VRAM, p.VRAM)
+				v.Channels = cmp.Or(v.Channels, p.Channels)
+				v.BAR1 = cmp.Or(v.BAR1, p.BAR1)
+				v.BAR3 = cmp.Or(v.BAR3, p.BAR3)
+				if c.src != nil && !c.src.written(joinKey(indexKey("vm", i), "weight")) || c.src == nil && v.Weight == 0 {
+					v.Weight = p.Weight
+				}
+			}
 			break
 		}
 	}
-	if v.VRAM == 0 {
-		v.VRAM = c.Partition.VRAMPerVM
-	}
-	if v.Channels == 0 {
-		v.Channels = c.Partition.ChannelsPerVM
-	}
+	v.Weight = max(v.Weight, 1)
+	v.VRAM = cmp.Or(v.VRAM, c.Partition.VRAMPerVM)
+	v.Channels = cmp.Or(v.Channels, c.Partition.ChannelsPerVM)
+	v.BAR1 = cmp.Or(v.BAR1, c.Partition.BAR1PerVM)
+	v.BAR3 = cmp.Or(v.BAR3, c.Partition.BAR3PerVM)
 	return v
 }
 

@@ -54,7 +54,10 @@ func TestExampleFile(t *testing.T) {
 		t.Fatalf("Load(%s):\n%v", examplePath, err)
 	}
 	want := Default()
-	want.VMs = []VMConfig{{Name: "guest1", DomID: 1, Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16}}
+	want.VMs = []VMConfig{{Name: "guest1", DomID: 1, Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16,
+		BAR1: 15 * MiB, BAR3: 2 * MiB, Profile: "vgpu-512m"}}
+	want.Profiles = []ProfileConfig{{Name: "compute-small", Description: "batch jobs: little VRAM, a low share",
+		VRAM: 128 * MiB, Channels: 4, BAR1: 4 * MiB, BAR3: 1 * MiB, Weight: 1}}
 	got := c
 	got.src = nil
 	if !reflect.DeepEqual(got, want) {
@@ -67,13 +70,13 @@ func TestExampleFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(string(data), "\n")
-	keys := []string{"board", "daemon", "partition", "scheduler", "vm", "vm[0]"}
+	keys := []string{"board", "daemon", "partition", "scheduler", "vm", "vm[0]", "profile", "profile[0]"}
 	for _, tbl := range []struct {
 		prefix string
 		v      any
 	}{
 		{"board", BoardConfig{}}, {"daemon", DaemonConfig{}}, {"partition", PartitionConfig{}},
-		{"scheduler", SchedulerConfig{}}, {"vm[0]", VMConfig{}},
+		{"scheduler", SchedulerConfig{}}, {"vm[0]", VMConfig{}}, {"profile[0]", ProfileConfig{}},
 	} {
 		rt := reflect.TypeOf(tbl.v)
 		for i := range rt.NumField() {
@@ -646,10 +649,10 @@ func TestLookupVM(t *testing.T) {
 		domid int
 		want  VMConfig
 	}{
-		{"a", 9, VMConfig{Name: "a", Mode: ModeFVNaive, Weight: 2, VRAM: 128 * MiB, Channels: 16}},
-		{"x", 5, VMConfig{DomID: 5, Mode: ModeFVLazy, Weight: 1, VRAM: 512 * MiB, Channels: 2}},
-		{"x", 6, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16}},
-		{"", 0, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16}},
+		{"a", 9, VMConfig{Name: "a", Mode: ModeFVNaive, Weight: 2, VRAM: 128 * MiB, Channels: 16, BAR1: 15 * MiB, BAR3: 2 * MiB}},
+		{"x", 5, VMConfig{DomID: 5, Mode: ModeFVLazy, Weight: 1, VRAM: 512 * MiB, Channels: 2, BAR1: 15 * MiB, BAR3: 2 * MiB}},
+		{"x", 6, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16, BAR1: 15 * MiB, BAR3: 2 * MiB}},
+		{"", 0, VMConfig{Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16, BAR1: 15 * MiB, BAR3: 2 * MiB}},
 	}
 	for _, tt := range tests {
 		if got := c.LookupVM(tt.name, tt.domid); got != tt.want {

@@ -107,6 +107,7 @@ func (d *decoder) document(doc map[string]any) {
 			{"doorbell_poll", setDuration(&c.Scheduler.DoorbellPoll)},
 		})},
 		{"vm", d.vms},
+		{"profile", d.profiles},
 	}
 	d.fields("", doc, tables)
 }
@@ -200,8 +201,8 @@ func (d *decoder) table(name string, fs []field) func(v any) error {
 	}
 }
 
-// vms decodes the [[vm]] array.
-func (d *decoder) vms(v any) error {
+// arrayOfTables returns the entries of an array of tables ([[name]]).
+func arrayOfTables(name string, v any) ([]any, error) {
 	var entries []any
 	switch a := v.(type) {
 	case []map[string]any:
@@ -211,7 +212,16 @@ func (d *decoder) vms(v any) error {
 	case []any:
 		entries = a
 	default:
-		return typeError("an array of tables ([[vm]])", v)
+		return nil, typeError("an array of tables ([["+name+"]])", v)
+	}
+	return entries, nil
+}
+
+// vms decodes the [[vm]] array.
+func (d *decoder) vms(v any) error {
+	entries, err := arrayOfTables("vm", v)
+	if err != nil {
+		return err
 	}
 	for i, e := range entries {
 		key := indexKey("vm", i)
@@ -224,6 +234,9 @@ func (d *decoder) vms(v any) error {
 				{"weight", setInt(&vm.Weight)},
 				{"vram", setSize(&vm.VRAM)},
 				{"channels", setInt(&vm.Channels)},
+				{"bar1", setSize(&vm.BAR1)},
+				{"bar3", setSize(&vm.BAR3)},
+				{"profile", setString(&vm.Profile)},
 			})
 		} else {
 			d.fail(key, false, typeError("a table", e))

@@ -114,6 +114,7 @@ func (c Config) validate(skip map[string]bool) error {
 	c.validatePartition(v)
 	c.validateScheduler(v)
 	c.validateVMs(v)
+	c.validateProfiles(v)
 	return v.errs.err()
 }
 
@@ -340,6 +341,18 @@ func (c Config) validateVMs(v *validator) {
 			case v.ok("partition.channels_per_vm") && vm.Channels > p.ChannelsPerVM:
 				v.errorf([]string{key("channels"), "partition.channels_per_vm"}, "%d exceeds partition channels_per_vm (%d)", vm.Channels, p.ChannelsPerVM)
 			}
+		}
+		for _, b := range []struct {
+			name, perKey, perName string
+			size, per             Size
+		}{{"bar1", "partition.bar1_per_vm", "bar1_per_vm", vm.BAR1, p.BAR1PerVM}, {"bar3", "partition.bar3_per_vm", "bar3_per_vm", vm.BAR3, p.BAR3PerVM}} {
+			if v.ok(key(b.name)) && b.size != 0 && // 0: the full slice
+				v.sizeMultiple(key(b.name), b.size, 4*KiB) && v.ok(b.perKey) && b.size > b.per {
+				v.errorf([]string{key(b.name), b.perKey}, "%s exceeds partition %s (%s)", b.size, b.perName, b.per)
+			}
+		}
+		if v.ok(key("profile")) && vm.Profile == "" && v.src.written(key("profile")) {
+			v.errorf([]string{key("profile")}, "must not be empty (leave it out for no profile)")
 		}
 		if nameOK && vm.Name != "" {
 			if j, dup := names[vm.Name]; dup {

@@ -122,7 +122,7 @@ type envOptions struct {
 	// Watchdog kills channels whose submission runs longer (0: never).
 	Watchdog time.Duration
 	// Quota narrows a guest's slot (channels, VRAM bytes), as [[vm]] does.
-	Quota func(aggregator.Guest) (int, uint64)
+	Quota func(aggregator.Guest) aggregator.Quota
 	// Modify, if set, may change any other aggregator option.
 	Modify func(*aggregator.Options)
 }

@@ -100,11 +100,11 @@ func TestSecondClaimOfLiveDomain(t *testing.T) {
 // verifies, beside the honest VM.
 func TestVRAMQuotaWithRemap(t *testing.T) {
 	const quota = 128 << 20 // half the slot
-	e := newEnvWith(t, envOptions{Quota: func(g aggregator.Guest) (int, uint64) {
+	e := newEnvWith(t, envOptions{Quota: func(g aggregator.Guest) aggregator.Quota {
 		if strings.HasPrefix(g.Name, "quota") {
-			return 0, quota
+			return aggregator.Quota{VRAM: quota}
 		}
-		return 0, 0
+		return aggregator.Quota{}
 	}})
 	d, err := e.tryConnect("quota-probe", 61, "fv-optimized")
 	if err != nil {

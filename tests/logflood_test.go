@@ -44,11 +44,11 @@ func TestRefusalLogFlood(t *testing.T) {
 	}
 	logger := newCountingLogger(&lc, echo)
 	const quota = 2 // the attacker's channels
-	e := newEnvWith(t, envOptions{Logger: logger, Quota: func(g aggregator.Guest) (int, uint64) {
+	e := newEnvWith(t, envOptions{Logger: logger, Quota: func(g aggregator.Guest) aggregator.Quota {
 		if g.Name == "attacker" {
-			return quota, 0
+			return aggregator.Quota{Channels: quota}
 		}
-		return 0, 0
+		return aggregator.Quota{}
 	}})
 	// fv-lazy: a guest TLB flush marks the space stale and the next
 	// activation (doorbell) scans it; a scan that fails leaves it stale, so

@@ -120,7 +120,7 @@ func TestDestroyedVGPUNoticedPromptly(t *testing.T) {
 // profile — so that what the VM reports about its GPU is what it has.
 func TestWelcomeDescribesTheVGPU(t *testing.T) {
 	e := newEnvWith(t, envOptions{
-		Quota:  func(aggregator.Guest) (int, uint64) { return 3, 64 << 20 },
+		Quota:  func(aggregator.Guest) aggregator.Quota { return aggregator.Quota{Channels: 3, VRAM: 64 << 20} },
 		Modify: func(o *aggregator.Options) { o.Timing = "fermi-xen" },
 	})
 	d := e.connect(t, "vm", 21, "fv-naive")

@@ -122,10 +122,12 @@ func runServe(c *cli.Context) error {
 		// Per-VM [[vm]] settings, matched by domain name or id.
 		Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
 		Mode:   func(g aggregator.Guest) string { return string(cfg.ConfiguredMode(g.Name, int(g.DomID))) },
-		Quota: func(g aggregator.Guest) (int, uint64) {
+		Quota: func(g aggregator.Guest) aggregator.Quota {
 			v := cfg.LookupVM(g.Name, int(g.DomID))
-			return v.Channels, uint64(v.VRAM)
+			return aggregator.Quota{Channels: v.Channels, VRAM: uint64(v.VRAM), BAR1: uint64(v.BAR1), BAR3: uint64(v.BAR3)}
 		},
+		Profiles:  profiles(cfg),
+		ProfileOf: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Profile },
 		DomainRAM: domainRAM(c, log),
 	})
 	if err != nil {
@@ -203,12 +205,13 @@ func vgpuCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "vgpu",
-		Usage: "list, inspect or destroy the aggregator's vGPUs",
+		Usage: "list, inspect or destroy the aggregator's vGPUs; list the vGPU profiles",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every vGPU with its counters (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", false)},
 			{Name: "stats", Usage: "one vGPU's counters (JSON)", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", true)},
 			{Name: "destroy", Usage: "tear a vGPU down; its VM loses the GPU", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodDelete, "/v1/vgpus", true)},
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
+			vgpuTypesCommand(ctl),
 		},
 	}
 }
@@ -266,4 +269,14 @@ func domainRAM(c *cli.Context, log *slog.Logger) func(uint32, uint64) ([]byte, f
 		log.Info("domain RAM mapped", "domid", domid, "bytes", size, "pages_with_ram", populated)
 		return ram.Bytes(), func() error { return errors.Join(ram.Close(), h.Close()) }, nil
 	}
+}
+
+// profiles are the configuration's vGPU profiles as the aggregator serves them.
+func profiles(cfg config.Config) []aggregator.Profile {
+	var out []aggregator.Profile
+	for _, p := range cfg.AllProfiles() {
+		out = append(out, aggregator.Profile{Name: p.Name, Description: p.Description, VRAM: uint64(p.VRAM),
+			Channels: p.Channels, BAR1: uint64(p.BAR1), BAR3: uint64(p.BAR3), Weight: p.Weight})
+	}
+	return out
 }

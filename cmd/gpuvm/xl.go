@@ -38,7 +38,8 @@ func xlCommand() *cli.Command {
 			Usage:     "create a domain from its xl config and attach the vGPU its gpuvm key asks for",
 			ArgsUsage: "CONFIG",
 			Description: "Reads CONFIG, an ordinary xl domain config with one more key, e.g.\n\n" +
-				"    gpuvm = \"mode=fv-optimized, vram=256MiB, channels=8, weight=2\"\n\n" +
+				"    gpuvm = \"mode=fv-optimized, vram=256MiB, channels=8, weight=2\"\n" +
+				"    gpuvm = \"mode=pv-multicall, profile=vgpu-256m\"   (a profile: gpuvm vgpu types)\n\n" +
 				"(xl itself ignores keys it does not know), and then, in dom0, with gpuvm serve --xen\n" +
 				"running: creates the domain paused (xl create -p), registers the vGPU's settings with\n" +
 				"the aggregator, starts the domain's device model (a Xen ioreq server claiming the vGPU's\n" +
@@ -180,7 +181,7 @@ func runXLCreate(c *cli.Context) error {
 		}
 	}
 	say("domain %s is %d (paused), created in %.1fs", dom.vgpu.Name, domid, time.Since(t0).Seconds())
-	settings := aggregator.DomainSettings{Mode: string(dom.vgpu.Mode), VRAM: uint64(dom.vgpu.VRAM), Channels: dom.vgpu.Channels, Weight: dom.vgpu.Weight}
+	settings := aggregator.DomainSettings{Mode: string(dom.vgpu.Mode), Profile: dom.vgpu.Profile, VRAM: uint64(dom.vgpu.VRAM), Channels: dom.vgpu.Channels, Weight: dom.vgpu.Weight}
 	if err := putDomainSettings(ctx, c.Path("control-socket"), uint32(domid), settings); err != nil {
 		destroy("the vGPU settings were not registered")
 		return &exitError{code: exitFailure, err: err}

@@ -2,6 +2,8 @@ package xlcfg
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,6 +18,7 @@ import (
 // (vif, disk, pci): a string of comma-separated key=value items, e.g.
 //
 //	gpuvm = "mode=fv-optimized, vram=256MiB, channels=8, weight=2"
+//	gpuvm = "mode=pv-multicall, profile=vgpu-256m"
 //
 // (a list of one such string is accepted too).
 const Key = "gpuvm"
@@ -26,8 +29,9 @@ type VGPU struct {
 	Type     string      // the domain's type (xl's "type"): hvm, pvh or pv
 	Mode     config.Mode // default fv-optimized
 	VRAM     config.Size // 0: the whole slot
-	Channels int         // 0: the whole slot
-	Weight   int         // scheduling weight; default 1
+	Channels int         // 0: the whole slot (or the profile's)
+	Weight   int         // scheduling weight; 0: the profile's, else 1
+	Profile  string      // a vGPU profile of the daemon's ("": none)
 }
 
 // vgpuItems is the table of the gpuvm key's items.
@@ -57,6 +61,13 @@ func vgpuItems() map[string]func(v *VGPU, val string) error {
 			v.Channels = n
 			return nil
 		},
+		"profile": func(v *VGPU, val string) error {
+			if !config.ValidProfileName(val) {
+				return fmt.Errorf("profile %q: not a profile name (gpuvm vgpu types lists them)", val)
+			}
+			v.Profile = val
+			return nil
+		},
 		"weight": func(v *VGPU, val string) error {
 			n, err := strconv.Atoi(val)
 			if err != nil || n < 1 || n > 10000 {
@@ -75,7 +86,7 @@ func (f *File) ReadVGPU() (VGPU, bool, error) {
 	if !ok {
 		return VGPU{}, false, nil
 	}
-	v := VGPU{Mode: config.ModeFVOptimized, Weight: 1}
+	v := VGPU{Mode: config.ModeFVOptimized}
 	val := s.Value
 	if val.Kind == List {
 		if len(val.List) != 1 {
@@ -103,7 +114,7 @@ func (f *File) ReadVGPU() (VGPU, bool, error) {
 		}
 		set, known := items[k]
 		if !known {
-			return v, true, f.errorf(s, at, "unknown item %q (have channels, mode, vram, weight)", k)
+			return v, true, f.errorf(s, at, "unknown item %q (have %s)", k, strings.Join(slices.Sorted(maps.Keys(items)), ", "))
 		}
 		if seen[k] {
 			return v, true, f.errorf(s, at, "%s given twice", k)

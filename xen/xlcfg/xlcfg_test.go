@@ -79,7 +79,7 @@ func TestParseErrors(t *testing.T) {
 func TestVGPUErrors(t *testing.T) {
 	for body, want := range map[string]string{
 		`gpuvm = "mode=fv-turbo"`:                `g.cfg:3:10: gpuvm: mode "fv-turbo": have fv-naive`,
-		`gpuvm = "mode=fv-lazy, vrm=1GiB"`:       `g.cfg:3:24: gpuvm: unknown item "vrm" (have channels, mode, vram, weight)`,
+		`gpuvm = "mode=fv-lazy, vrm=1GiB"`:       `g.cfg:3:24: gpuvm: unknown item "vrm" (have channels, mode, profile, vram, weight)`,
 		`gpuvm = "vram=lots"`:                    `g.cfg:3:10: gpuvm: invalid size "lots"`,
 		`gpuvm = "weight=0"`:                     `g.cfg:3:10: gpuvm: weight "0": want 1..10000`,
 		`gpuvm = "channels=x"`:                   `g.cfg:3:10: gpuvm: channels "x": want 1..4096`,
@@ -112,7 +112,7 @@ func TestVGPUErrors(t *testing.T) {
 	}
 	// A pv domain may use pvdrm; a file without the key asks for nothing.
 	f, _ := Parse([]byte("name = \"g\"\ngpuvm = 'mode=pvdrm'\n"), "g.cfg")
-	if v, ok, err := f.ReadVGPU(); err != nil || !ok || v.Type != "pv" || v.Mode != config.ModePVDRM || v.Weight != 1 {
+	if v, ok, err := f.ReadVGPU(); err != nil || !ok || v.Type != "pv" || v.Mode != config.ModePVDRM || v.Weight != 0 {
 		t.Errorf("pv pvdrm: %+v %v %v", v, ok, err)
 	}
 	f, _ = Parse([]byte("name = \"g\"\n"), "g.cfg")
