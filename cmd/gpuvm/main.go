@@ -66,6 +66,7 @@ func newApp() *cli.App {
 			vgpuCommand(),
 			xlCommand(),
 			guestCommand(),
+			traceCommand(),
 			manCommand(),
 		},
 		Action: func(c *cli.Context) error {
