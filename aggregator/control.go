@@ -41,6 +41,9 @@ func (v *VGPU) info(s SchedStats) VGPUInfo {
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
 }
 
+// Profile names the vGPU profile that sized v ("": none).
+func (v *VGPU) Profile() string { return v.profile }
+
 // VRAMResidenter is implemented by host GPUs that can tell how much of a
 // VRAM slice holds pages (the simulated board's sparse memfds).
 type VRAMResidenter interface {

@@ -35,6 +35,8 @@ type Config struct {
 	Partition PartitionConfig `toml:"partition"`
 	// Scheduler selects and tunes the GPU time scheduler ([scheduler]).
 	Scheduler SchedulerConfig `toml:"scheduler"`
+	// Metrics is the Prometheus endpoint ([metrics]).
+	Metrics MetricsConfig `toml:"metrics"`
 	// VMs are optional per-VM settings ([[vm]]), in file order.
 	VMs []VMConfig `toml:"vm,omitempty"`
 	// Profiles are named vGPU sizes ([[profile]]), in file order, besides

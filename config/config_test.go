@@ -70,13 +70,13 @@ func TestExampleFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(string(data), "\n")
-	keys := []string{"board", "daemon", "partition", "scheduler", "vm", "vm[0]", "profile", "profile[0]"}
+	keys := []string{"board", "daemon", "partition", "scheduler", "metrics", "vm", "vm[0]", "profile", "profile[0]"}
 	for _, tbl := range []struct {
 		prefix string
 		v      any
 	}{
 		{"board", BoardConfig{}}, {"daemon", DaemonConfig{}}, {"partition", PartitionConfig{}},
-		{"scheduler", SchedulerConfig{}}, {"vm[0]", VMConfig{}}, {"profile[0]", ProfileConfig{}},
+		{"scheduler", SchedulerConfig{}}, {"metrics", MetricsConfig{}}, {"vm[0]", VMConfig{}}, {"profile[0]", ProfileConfig{}},
 	} {
 		rt := reflect.TypeOf(tbl.v)
 		for i := range rt.NumField() {

@@ -106,6 +106,9 @@ func (d *decoder) document(doc map[string]any) {
 			{"doorbell", setString(&c.Scheduler.Doorbell)},
 			{"doorbell_poll", setDuration(&c.Scheduler.DoorbellPoll)},
 		})},
+		{"metrics", d.table("metrics", []field{
+			{"listen", setString(&c.Metrics.Listen)},
+		})},
 		{"vm", d.vms},
 		{"profile", d.profiles},
 	}

@@ -113,6 +113,7 @@ func (c Config) validate(skip map[string]bool) error {
 	c.validateDaemon(v)
 	c.validatePartition(v)
 	c.validateScheduler(v)
+	c.validateMetrics(v)
 	c.validateVMs(v)
 	c.validateProfiles(v)
 	return v.errs.err()

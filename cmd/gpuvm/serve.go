@@ -19,6 +19,7 @@ import (
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/metrics"
 	"github.com/gpuvm/gpuvm/sched"
 	"github.com/gpuvm/gpuvm/xen"
 	"github.com/gpuvm/gpuvm/xen/foreign"
@@ -38,6 +39,7 @@ func serveCommand() *cli.Command {
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
 			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},
 			&cli.PathFlag{Name: "control-socket", Usage: "override daemon.control_socket"},
+			&cli.StringFlag{Name: "metrics-listen", Usage: "override metrics.listen: serve Prometheus metrics on a Unix socket (an absolute path) or TCP host:port; \"\" turns them off"},
 			&cli.BoolFlag{Name: "xen", Usage: "serve guests of real Xen (run in dom0): device models may offer their domain's own RAM, which the daemon maps through /dev/xen/privcmd (gpuvm xl create starts such device models)"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd is, with --xen"},
 			&cli.IntFlag{Name: "ipc-spin", Usage: "polls of an empty request ring before sleeping, 0 never (default: 20000, or never with --xen, where a spinning dom0 vCPU holds the CPU a trapped guest waits for)"},
@@ -59,6 +61,14 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 	}
 	if s := c.Path("control-socket"); s != "" {
 		cfg.Daemon.ControlSocket = s
+	}
+	if c.IsSet("metrics-listen") {
+		cfg.Metrics.Listen = c.String("metrics-listen")
+		if cfg.Metrics.Listen != "" {
+			if _, _, err := config.MetricsAddr(cfg.Metrics.Listen); err != nil {
+				return cfg, usageError("--metrics-listen: %v", err)
+			}
+		}
 	}
 	return cfg, nil
 }
@@ -153,6 +163,14 @@ func runServe(c *cli.Context) error {
 	srv := &http.Server{Handler: agg.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(cln) }()
 	defer srv.Close()
+	if cfg.Metrics.Listen != "" {
+		msrv, err := serveMetrics(cfg.Metrics.Listen, agg, log)
+		if err != nil {
+			return err
+		}
+		defer msrv.Close()
+		fmt.Fprintf(c.App.ErrWriter, "gpuvm: Prometheus metrics on %s (GET /metrics)\n", cfg.Metrics.Listen)
+	}
 	log.Info("aggregator serving", "socket", cfg.Daemon.Socket, "control", cfg.Daemon.ControlSocket,
 		"vms", cfg.Daemon.MaxVMs, "vram_per_vm", cfg.Partition.VRAMPerVM.String())
 	fmt.Fprintf(c.App.ErrWriter, "gpuvm: serving %d vGPU slots on %s (control: %s)\n", cfg.Daemon.MaxVMs, cfg.Daemon.Socket, cfg.Daemon.ControlSocket)
@@ -279,4 +297,38 @@ func profiles(cfg config.Config) []aggregator.Profile {
 			Channels: p.Channels, BAR1: uint64(p.BAR1), BAR3: uint64(p.BAR3), Weight: p.Weight})
 	}
 	return out
+}
+
+// serveMetrics serves the Prometheus endpoint on listen (config.MetricsAddr):
+// a Unix socket is created as the control socket is (a safe directory, a
+// live socket refused), a TCP address listened on as given.
+func serveMetrics(listen string, agg *aggregator.Aggregator, log *slog.Logger) (*http.Server, error) {
+	network, addr, err := config.MetricsAddr(listen)
+	if err != nil {
+		return nil, usageError("metrics.listen: %v", err)
+	}
+	var ln net.Listener
+	if network == "unix" {
+		if err := socketDir(filepath.Dir(addr)); err != nil {
+			return nil, err
+		}
+		ln, err = ipc.ListenStream(addr)
+	} else {
+		ln, err = net.Listen(network, addr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler(agg))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "gpuvm aggregator: metrics at /metrics")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics endpoint stopped", "err", err)
+		}
+	}()
+	return srv, nil
 }

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// scrapeUnix fetches /metrics over a Unix socket and returns the value of
+// the first sample whose line starts with prefix (-1: none).
+func scrapeUnix(t *testing.T, sock, prefix string) float64 {
+	t.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := cl.Get("http://gpuvm/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, prefix) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return v
+		}
+	}
+	return -1
+}
+
+// TestServeMetrics: `gpuvm serve` with metrics.listen on a Unix socket
+// exports a computing VM's GPU time, growing while it computes, and drops
+// its series once it leaves.
+func TestServeMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a daemon and a VM process")
+	}
+	dir := t.TempDir()
+	sock, ctl, msock := dir+"/agg.sock", dir+"/ctl.sock", dir+"/metrics.sock"
+	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, "[metrics]\nlisten = \""+msock+"\"\n"), ctl)
+	defer d.stop(t)
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
+		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "3s"})
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Process.Kill()
+	const gpuTime = `gpuvm_vgpu_gpu_seconds_total{domain="busy",domid="5",vgpu="0"}`
+	var first float64
+	for i := 0; first <= 0; i++ {
+		if i > 300 {
+			t.Fatal("no GPU time for the computing VM")
+		}
+		time.Sleep(10 * time.Millisecond)
+		first = scrapeUnix(t, msock, gpuTime)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if second := scrapeUnix(t, msock, gpuTime); second <= first {
+		t.Errorf("GPU time did not grow while the VM computed: %v → %v", first, second)
+	}
+	if cpu := scrapeUnix(t, msock, "process_cpu_seconds_total"); cpu <= 0 {
+		t.Errorf("the daemon's CPU time: %v", cpu)
+	}
+	if err := vm.Wait(); err != nil {
+		t.Fatalf("VM: %v", err)
+	}
+	for i := 0; scrapeUnix(t, msock, gpuTime) >= 0; i++ {
+		if i > 300 {
+			t.Fatal("the departed VM's series is still exported")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if used := scrapeUnix(t, msock, `gpuvm_slots{state="used"}`); used != 0 {
+		t.Errorf("used slots %v after the VM left", used)
+	}
+}
