@@ -66,6 +66,7 @@ func newApp() *cli.App {
 			vgpuCommand(),
 			xlCommand(),
 			guestCommand(),
+			topCommand(),
 			traceCommand(),
 			manCommand(),
 		},

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+)
+
+func TestRenderTop(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	vm := func(id int, name string, weight int, gpu time.Duration, released uint64, wait time.Duration, traps float64) aggregator.VGPUInfo {
+		return aggregator.VGPUInfo{ID: id, DomID: uint32(10 + id), Name: name, Mode: "fv-optimized", VRAMBytes: 256 << 20, VRAMInUse: 3 << 20,
+			Counters: map[string]any{"bar3_traps": map[string]any{"read": 0.0, "write": traps}, "denied": 0.0},
+			Sched:    aggregator.SchedStats{Weight: weight, GPUTime: gpu, Released: released, QueueWait: wait, Share: map[bool]float64{true: 1}[gpu > 0]}}
+	}
+	prev := topSample{at: t0, slots: 4, vgpus: []aggregator.VGPUInfo{vm(0, "busy", 3, 100*time.Millisecond, 10, time.Millisecond, 1000), vm(1, "idle", 1, 0, 0, 0, 5)}}
+	cur := topSample{at: t0.Add(2 * time.Second), slots: 4, vgpus: []aggregator.VGPUInfo{vm(1, "idle", 1, 0, 0, 0, 5), vm(0, "busy", 3, 600*time.Millisecond, 20, 3*time.Millisecond, 3000)}}
+	var out bytes.Buffer
+	if err := renderTop(&out, prev, cur); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	lines := strings.Split(out.String(), "\n")
+	if !strings.Contains(lines[0], "vGPUs 2/4") {
+		t.Errorf("header %q", lines[0])
+	}
+	busy, idle := strings.Fields(lines[3]), strings.Fields(lines[4])
+	// VGPU DOMAIN DOMID MODE PROFILE WEIGHT SHARE ENTITLED GPU GPU-TIME QWAIT QUEUED TRAPS/s VRAM STATE
+	want := []string{"0", "busy", "10", "fv-optimized", "-", "3", "100.0%", "75.0%", "25.0%", "600ms", "200µs", "0", "1000", "3MiB/256MiB", "computing"}
+	if strings.Join(busy, " ") != strings.Join(want, " ") {
+		t.Errorf("busy row\n%q\nwant\n%q", busy, want)
+	}
+	if idle[1] != "idle" || idle[7] != "25.0%" || idle[12] != "0" || idle[14] != "idle" {
+		t.Errorf("idle row %q", idle)
+	}
+}
+
+// TestTopAgainstDaemon: gpuvm top, its output not a terminal, prints
+// plain refreshes in which a computing VM shows as computing.
+func TestTopAgainstDaemon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a daemon and a VM process")
+	}
+	dir := t.TempDir()
+	sock, ctl := dir+"/agg.sock", dir+"/ctl.sock"
+	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, ""), ctl)
+	defer d.stop(t)
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
+		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "3s"})
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { vm.Process.Kill(); vm.Wait() }()
+	for i := 0; ; i++ {
+		out, _, _ := runApp(t, "vgpu", "list", "--control-socket", ctl)
+		if strings.Contains(out, `"busy"`) {
+			break
+		}
+		if i > 300 {
+			t.Fatal("the VM never attached")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out, _, err := runApp(t, "top", "-n", "2", "--interval", "300ms", "--control-socket", ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out)
+	if n := strings.Count(out, "gpuvm top - "); n != 2 {
+		t.Errorf("%d refreshes, want 2", n)
+	}
+	if strings.Contains(out, "\x1b[") {
+		t.Error("escape sequences in output that is not a terminal")
+	}
+	if !strings.Contains(out, "computing") {
+		t.Error("the computing VM is not shown computing")
+	}
+}
