@@ -50,7 +50,7 @@ func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.L
 		_ = p.Reject(err.Error())
 		return
 	}
-	b, err := a.AttachPVDRM(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode}, p.RAM(), h.RAMSize, t)
+	b, err := a.AttachPVDRM(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, PID: p.Peer().PID}, p.RAM(), h.RAMSize, t)
 	if err != nil {
 		log.Warn("refused", "err", err)
 		_ = p.Reject(err.Error())
