@@ -1,0 +1,253 @@
+// Package libvirtwatch gives libvirt domains their vGPUs: it follows a
+// libvirtd's domain lifecycle events, and a domain whose XML carries
+// gpuvm's metadata element (package vgpumeta) gets its vGPU attached when
+// it starts — its settings registered with the aggregator, its device
+// model launched — and torn down when it stops or crashes. When libvirtd
+// goes away (a restart) the Watcher reconnects with backoff and
+// reconciles: the vGPUs of domains no longer running are torn down and
+// running domains that ask for one get it. docs/libvirt.md describes it.
+package libvirtwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/digitalocean/go-libvirt/socket/dialers"
+
+	"github.com/gpuvm/gpuvm/internal/vgpumeta"
+)
+
+// Conn is what the Watcher uses of a libvirt connection (a connected
+// *libvirt.Libvirt has it all).
+type Conn interface {
+	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
+	DomainLookupByUUID(uuid libvirt.UUID) (libvirt.Domain, error)
+	DomainGetState(dom libvirt.Domain, flags uint32) (state int32, reason int32, err error)
+	DomainGetXMLDesc(dom libvirt.Domain, flags libvirt.DomainXMLFlags) (string, error)
+	DomainGetInfo(dom libvirt.Domain) (state uint8, maxMem uint64, memory uint64, nrVirtCPU uint16, cpuTime uint64, err error)
+	LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error)
+	Disconnected() <-chan struct{}
+	Disconnect() error
+}
+
+// Registry is the aggregator's side: the vGPU settings registered for a
+// domain before its device model connects (the control API's
+// /v1/domains/{domid}).
+type Registry interface {
+	Register(ctx context.Context, domid uint32, v vgpumeta.VGPU) error
+	Forget(ctx context.Context, domid uint32) error
+}
+
+// The default bounds of the wait between reconnection attempts.
+const (
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 5 * time.Second
+)
+
+// Config configures a Watcher.
+type Config struct {
+	// Dial connects to libvirtd (see Dialer).
+	Dial     func(ctx context.Context) (Conn, error)
+	Registry Registry
+	Launcher Launcher
+	Logger   *slog.Logger
+	// MinBackoff and MaxBackoff bound the wait between reconnection
+	// attempts, which doubles from the one to the other (default 100ms
+	// and 5s: DefaultMinBackoff, DefaultMaxBackoff).
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Dialer connects to the libvirtd listening on the Unix socket and opens
+// uri (test:///default, xen:///system, ...) through it.
+func Dialer(socket, uri string) func(ctx context.Context) (Conn, error) {
+	return func(ctx context.Context) (Conn, error) {
+		l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(socket), dialers.WithLocalTimeout(5*time.Second)))
+		done := make(chan error, 1)
+		go func() { done <- l.ConnectToURI(libvirt.ConnectURI(uri)) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil, fmt.Errorf("libvirt %s on %s: %w", uri, socket, err)
+			}
+			return l, nil
+		case <-ctx.Done():
+			go func() {
+				if <-done == nil {
+					_ = l.Disconnect()
+				}
+			}()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Watcher keeps the vGPUs of one libvirtd's domains. Its state belongs to
+// the goroutine running Run.
+type Watcher struct {
+	cfg      Config
+	log      *slog.Logger
+	handlers map[libvirt.DomainEventType]handler
+	// attached are the domains with a device model, by UUID.
+	attached map[libvirt.UUID]*attachment
+	// ended are the domain runs (UUID and domid) whose device model
+	// ended by itself: not launched again until the domain stops.
+	ended map[runKey]string
+	// endedCh carries the models that ended, to Run's goroutine.
+	endedCh chan ended
+	// quit is closed when Run has returned.
+	quit chan struct{}
+}
+
+// handler is what a lifecycle event does to its domain.
+type handler struct {
+	name string
+	act  func(w *Watcher, ctx context.Context, c Conn, d libvirt.Domain)
+}
+
+// attachment is a domain's running device model.
+type attachment struct {
+	run   runKey
+	name  string
+	model Model
+}
+
+// runKey is one run of a domain: a domain started again gets a new id.
+type runKey struct {
+	uuid  libvirt.UUID
+	domid uint32
+}
+
+type ended struct {
+	run   runKey
+	model Model
+}
+
+// New returns a Watcher; Run runs it.
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Dial == nil || cfg.Registry == nil || cfg.Launcher == nil {
+		return nil, errors.New("libvirtwatch: Dial, Registry and Launcher are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	cfg.MaxBackoff = max(cfg.MaxBackoff, cfg.MinBackoff)
+	sync := handler{"sync", (*Watcher).sync}
+	stop := handler{"detach", (*Watcher).stopped}
+	return &Watcher{cfg: cfg, log: cfg.Logger,
+		// Started attaches, Stopped and Crashed detach; the others only
+		// make sure of the domain's state (an event missed in a
+		// reconnection, a shutdown still in progress). Suspended,
+		// PMSuspended and Defined leave the vGPU as it is.
+		handlers: map[libvirt.DomainEventType]handler{
+			libvirt.DomainEventStarted:   sync,
+			libvirt.DomainEventResumed:   sync,
+			libvirt.DomainEventShutdown:  sync,
+			libvirt.DomainEventStopped:   stop,
+			libvirt.DomainEventCrashed:   stop,
+			libvirt.DomainEventUndefined: stop,
+		},
+		attached: map[libvirt.UUID]*attachment{}, ended: map[runKey]string{}, endedCh: make(chan ended), quit: make(chan struct{})}, nil
+}
+
+// Run watches until ctx ends, reconnecting whenever the connection is
+// lost, and then stops every device model it launched. It returns an
+// error only if the first connection is refused by libvirtd itself (a
+// URI it has no driver for, say); a libvirtd that cannot be reached is
+// waited for.
+func (w *Watcher) Run(ctx context.Context) error {
+	defer close(w.quit)
+	defer w.stopAll()
+	backoff := w.cfg.MinBackoff
+	connected := false
+	for {
+		c, err := w.cfg.Dial(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			var lerr libvirt.Error
+			if !connected && errors.As(err, &lerr) {
+				return err
+			}
+			w.log.Warn("libvirt: cannot connect; retrying", "err", err, "retry_in", backoff)
+			w.wait(ctx, backoff)
+			backoff = min(2*backoff, w.cfg.MaxBackoff)
+			continue
+		}
+		backoff = w.cfg.MinBackoff
+		w.log.Info("libvirt: connected", "reconnection", connected)
+		connected = true
+		err = w.serve(ctx, c)
+		_ = c.Disconnect()
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.log.Warn("libvirt: connection lost; reconnecting", "err", err)
+	}
+}
+
+// serve handles one connection's events until it is lost or ctx ends.
+func (w *Watcher) serve(ctx context.Context, c Conn) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events, err := c.LifecycleEvents(ctx)
+	if err != nil {
+		return fmt.Errorf("subscribing to lifecycle events: %w", err)
+	}
+	// Subscribed first, so that nothing that happens while the list is
+	// read goes unseen.
+	if err := w.reconcile(ctx, c); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.Disconnected():
+			return errors.New("libvirtd closed the connection")
+		case ev, ok := <-events:
+			if !ok {
+				return errors.New("the event stream ended")
+			}
+			w.event(ctx, c, ev)
+		case e := <-w.endedCh:
+			w.modelEnded(ctx, e)
+		}
+	}
+}
+
+// event runs the handler of a lifecycle event.
+func (w *Watcher) event(ctx context.Context, c Conn, ev libvirt.DomainEventLifecycleMsg) {
+	h, ok := w.handlers[libvirt.DomainEventType(ev.Event)]
+	w.log.Debug("libvirt: lifecycle event", "domain", ev.Dom.Name, "id", ev.Dom.ID, "event", ev.Event, "detail", ev.Detail, "action", h.name)
+	if ok {
+		h.act(w, ctx, c, ev.Dom)
+	}
+}
+
+// wait waits for d or the end of ctx, taking note of device models that
+// end meanwhile.
+func (w *Watcher) wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case e := <-w.endedCh:
+			w.modelEnded(ctx, e)
+		}
+	}
+}

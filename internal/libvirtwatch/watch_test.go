@@ -1,0 +1,317 @@
+package libvirtwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+
+	"github.com/gpuvm/gpuvm/internal/vgpumeta"
+)
+
+// The Watcher's logic against a libvirt of its own making; the real
+// libvirtd is cmd/gpuvm's TestLibvirtLifecycle.
+
+// fakeLibvirt is a hypervisor's domains; each connection to it is a fakeConn.
+type fakeLibvirt struct {
+	mu      sync.Mutex
+	domains map[libvirt.UUID]*fakeDomain
+	conn    *fakeConn
+	nextID  int32
+	refuse  error // the next dials fail so
+}
+
+type fakeDomain struct {
+	dom     libvirt.Domain // ID -1: not running
+	xml     string
+	running bool
+}
+
+type fakeConn struct {
+	lv     *fakeLibvirt
+	events chan libvirt.DomainEventLifecycleMsg
+	gone   chan struct{}
+	once   sync.Once
+}
+
+func (lv *fakeLibvirt) dial(context.Context) (Conn, error) {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	if lv.refuse != nil {
+		return nil, lv.refuse
+	}
+	lv.conn = &fakeConn{lv: lv, events: make(chan libvirt.DomainEventLifecycleMsg, 16), gone: make(chan struct{})}
+	return lv.conn, nil
+}
+
+// start runs a domain (defining it first if new) and sends its event.
+func (lv *fakeLibvirt) start(name, metadata string) libvirt.Domain {
+	lv.mu.Lock()
+	var u libvirt.UUID
+	copy(u[:], name)
+	d := lv.domains[u]
+	if d == nil {
+		d = &fakeDomain{xml: "<domain><name>" + name + "</name><metadata>" + metadata + "</metadata></domain>"}
+		lv.domains[u] = d
+	}
+	lv.nextID++
+	d.dom, d.running = libvirt.Domain{Name: name, UUID: u, ID: lv.nextID}, true
+	dom, c := d.dom, lv.conn
+	lv.mu.Unlock()
+	c.events <- libvirt.DomainEventLifecycleMsg{Dom: dom, Event: int32(libvirt.DomainEventStarted)}
+	return dom
+}
+
+// stop stops a running domain and sends its event.
+func (lv *fakeLibvirt) stop(dom libvirt.Domain, ev libvirt.DomainEventType) {
+	lv.mu.Lock()
+	d := lv.domains[dom.UUID]
+	d.running, d.dom.ID = false, -1
+	c := lv.conn
+	lv.mu.Unlock()
+	c.events <- libvirt.DomainEventLifecycleMsg{Dom: dom, Event: int32(ev)}
+}
+
+// restart drops the connection and every running domain (libvirtd's test
+// driver starting afresh).
+func (lv *fakeLibvirt) restart() {
+	lv.mu.Lock()
+	for _, d := range lv.domains {
+		d.running, d.dom.ID = false, -1
+	}
+	c := lv.conn
+	lv.mu.Unlock()
+	c.once.Do(func() { close(c.gone) })
+}
+
+func (c *fakeConn) ConnectListAllDomains(_ int32, _ libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {
+	c.lv.mu.Lock()
+	defer c.lv.mu.Unlock()
+	var out []libvirt.Domain
+	for _, d := range c.lv.domains {
+		if d.running {
+			out = append(out, d.dom)
+		}
+	}
+	return out, uint32(len(out)), nil
+}
+
+func (c *fakeConn) DomainLookupByUUID(u libvirt.UUID) (libvirt.Domain, error) {
+	c.lv.mu.Lock()
+	defer c.lv.mu.Unlock()
+	if d := c.lv.domains[u]; d != nil {
+		return d.dom, nil
+	}
+	return libvirt.Domain{}, libvirt.Error{Code: uint32(libvirt.ErrNoDomain), Message: "no domain"}
+}
+
+func (c *fakeConn) DomainGetState(dom libvirt.Domain, _ uint32) (int32, int32, error) {
+	c.lv.mu.Lock()
+	defer c.lv.mu.Unlock()
+	if c.lv.domains[dom.UUID].running {
+		return int32(libvirt.DomainRunning), 0, nil
+	}
+	return int32(libvirt.DomainShutoff), 0, nil
+}
+
+func (c *fakeConn) DomainGetXMLDesc(dom libvirt.Domain, _ libvirt.DomainXMLFlags) (string, error) {
+	c.lv.mu.Lock()
+	defer c.lv.mu.Unlock()
+	return c.lv.domains[dom.UUID].xml, nil
+}
+
+func (c *fakeConn) DomainGetInfo(libvirt.Domain) (uint8, uint64, uint64, uint16, uint64, error) {
+	return 1, 65536, 65536, 1, 0, nil
+}
+
+func (c *fakeConn) LifecycleEvents(context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error) {
+	return c.events, nil
+}
+
+func (c *fakeConn) Disconnected() <-chan struct{} { return c.gone }
+func (c *fakeConn) Disconnect() error {
+	c.once.Do(func() { close(c.gone) })
+	return nil
+}
+
+// record is what the fake registry and launcher saw, in order.
+type record struct {
+	mu     sync.Mutex
+	lines  []string
+	models map[string]*fakeModel
+}
+
+func (r *record) add(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lines = append(r.lines, fmt.Sprintf(format, args...))
+}
+
+func (r *record) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.lines, "\n")
+}
+
+func (r *record) Register(_ context.Context, domid uint32, v vgpumeta.VGPU) error {
+	r.add("register %d %s %s", domid, v.Mode, v.Profile)
+	return nil
+}
+
+func (r *record) Forget(_ context.Context, domid uint32) error {
+	r.add("forget %d", domid)
+	return nil
+}
+
+func (r *record) Launch(_ context.Context, d Domain) (Model, error) {
+	r.add("launch %s %d", d.Name, d.ID)
+	m := &fakeModel{r: r, name: d.Name, done: make(chan struct{})}
+	r.mu.Lock()
+	r.models[d.Name] = m
+	r.mu.Unlock()
+	return m, nil
+}
+
+type fakeModel struct {
+	r    *record
+	name string
+	done chan struct{}
+	once sync.Once
+	err  error
+}
+
+func (m *fakeModel) Stop(context.Context) error {
+	m.once.Do(func() { m.r.add("stop %s", m.name); close(m.done) })
+	return nil
+}
+func (m *fakeModel) Done() <-chan struct{} { return m.done }
+func (m *fakeModel) Err() error            { return m.err }
+func (m *fakeModel) PID() int              { return 0 }
+
+// end makes the model end by itself.
+func (m *fakeModel) end(err error) {
+	m.err = err
+	m.once.Do(func() { m.r.add("ended %s", m.name); close(m.done) })
+}
+
+const meta = `<gpuvm:vgpu xmlns:gpuvm="` + vgpumeta.Namespace + `" mode="pv-multicall" profile="vgpu-64m"/>`
+
+func TestWatcher(t *testing.T) {
+	lv := &fakeLibvirt{domains: map[libvirt.UUID]*fakeDomain{}}
+	rec := &record{models: map[string]*fakeModel{}}
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	w, err := New(Config{Dial: lv.dial, Registry: rec, Launcher: rec, Logger: log, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	lv.refuse = errors.New("connection refused") // libvirtd not up yet: waited for
+	go func() { done <- w.Run(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	lv.mu.Lock()
+	lv.refuse = nil
+	lv.mu.Unlock()
+
+	expect := func(want ...string) {
+		t.Helper()
+		joined := strings.Join(want, "\n")
+		for end := time.Now().Add(10 * time.Second); rec.String() != joined; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				logMu.Lock()
+				t.Fatalf("saw:\n%s\nwant:\n%s\nlog:\n%s", rec, joined, logs.String())
+			}
+		}
+	}
+	for func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.conn == nil }() {
+		time.Sleep(time.Millisecond)
+	}
+	a := lv.start("a", meta)
+	lv.start("plain", "")
+	lv.start("bad", `<gpuvm:vgpu xmlns:gpuvm="`+vgpumeta.Namespace+`" vram="lots"/>`)
+	expect("register 1 pv-multicall vgpu-64m", "launch a 1")
+	lv.stop(a, libvirt.DomainEventCrashed)
+	expect("register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1")
+
+	// A device model that ends by itself is not launched again while its
+	// domain runs; started again (a new domain id), the domain gets one.
+	b := lv.start("b", meta)
+	expect("register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1", "register 4 pv-multicall vgpu-64m", "launch b 4")
+	rec.mu.Lock()
+	mb := rec.models["b"]
+	rec.mu.Unlock()
+	mb.end(errors.New("vGPU destroyed"))
+	expect("register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1", "register 4 pv-multicall vgpu-64m", "launch b 4", "ended b", "forget 4")
+	lv.mu.Lock()
+	lv.conn.events <- libvirt.DomainEventLifecycleMsg{Dom: b, Event: int32(libvirt.DomainEventResumed)}
+	lv.mu.Unlock()
+	lv.stop(b, libvirt.DomainEventStopped)
+	lv.start("c", meta)
+	base := []string{"register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1", "register 4 pv-multicall vgpu-64m", "launch b 4", "ended b", "forget 4",
+		"register 5 pv-multicall vgpu-64m", "launch c 5"}
+	expect(base...)
+
+	// libvirtd restarts with nothing running: c's vGPU goes; a domain
+	// started after the reconnection gets one.
+	lv.restart()
+	base = append(base, "stop c", "forget 5")
+	expect(base...)
+	for func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.conn.gone == nil || isClosed(lv.conn.gone) }() {
+		time.Sleep(time.Millisecond)
+	}
+	lv.start("d", meta)
+	base = append(base, "register 6 pv-multicall vgpu-64m", "launch d 6")
+	expect(base...)
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	expect(append(base, "stop d", "forget 6")...)
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, want := range []string{`domain left without a vGPU" domain=bad`, `attribute vram: invalid size \"lots\"`, "connection lost; reconnecting", "cannot connect; retrying"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
+
+// TestWatcherRefused: a libvirtd that answers the first connection with an
+// error of its own (no driver for the URI) ends Run with that error.
+func TestWatcherRefused(t *testing.T) {
+	refusal := libvirt.Error{Code: uint32(libvirt.ErrNoConnect), Message: "no connection driver available for xen:///system"}
+	rec := &record{models: map[string]*fakeModel{}}
+	w, err := New(Config{Dial: func(context.Context) (Conn, error) { return nil, fmt.Errorf("libvirt: %w", refusal) }, Registry: rec, Launcher: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(context.Background()); !errors.Is(err, refusal) {
+		t.Errorf("Run: %v, want the refusal", err)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
