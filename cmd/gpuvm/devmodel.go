@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,8 +14,11 @@ import (
 	"github.com/gpuvm/gpuvm/bench"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
 func devmodelCommand() *cli.Command {
@@ -48,6 +52,7 @@ func devmodelCommand() *cli.Command {
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
 			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
+			&cli.BoolFlag{Name: "hold", Usage: "after the workloads, keep the vGPU attached until SIGTERM or SIGINT (then exit 0), as a domain's device model lives as long as its domain (gpuvm libvirt starts VMs this way); exit 1 if the vGPU goes first"},
 		}, covertGuestFlags()...),
 		Action: runDevmodel,
 	}
@@ -79,6 +84,13 @@ func runDevmodel(c *cli.Context) error {
 	}
 	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
 		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log}
+	if c.Bool("hold") {
+		if c.IsSet("covert") || c.IsSet("fairness") {
+			return usageError("--hold: runs workloads, not --covert or --fairness")
+		}
+		params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+		return runHeld(c, cfg, names, params)
+	}
 	if c.IsSet("covert") {
 		return runCovertGuest(c, cfg)
 	}
@@ -157,4 +169,111 @@ func noDaemonHint(err error, daemon, flag string) error {
 		return fmt.Errorf("%w (is %s running, on the socket %s names?)", err, daemon, flag)
 	}
 	return err
+}
+
+// heldGuest is a VM attached to its vGPU: the guest driver (or the pvdrm
+// front end), what the aggregator granted, and how to let go.
+type heldGuest struct {
+	drv      gdev.Driver
+	welcome  ipc.Welcome
+	counters bench.CounterSource
+	// probe asks the aggregator something: it fails once the vGPU is gone.
+	probe func() error
+	close func() error
+}
+
+// attachGuest connects a VM to the aggregator in cfg.Mode (see
+// bench.RunGuest, which does the same for one run of workloads).
+func attachGuest(ctx context.Context, cfg devmodel.Config) (*heldGuest, error) {
+	names := aggregator.CounterNames()
+	countersOf := func(get func([]string) (map[string]uint64, error)) bench.CounterSource {
+		return func() map[string]uint64 {
+			c, err := get(names)
+			if err != nil {
+				return map[string]uint64{}
+			}
+			return c
+		}
+	}
+	if config.Mode(cfg.Mode).IsPVDRM() {
+		fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		return &heldGuest{drv: gdev.PVDRM(fe.Client, fe.Shares), welcome: fe.Welcome(), counters: countersOf(fe.Counters),
+			probe: func() error { _, err := fe.Counters(names[:1]); return err }, close: fe.Close}, nil
+	}
+	dev, err := devmodel.Connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	bar1, bar3 := dev.BARSizes()
+	drv, err := nouveau.Open(dev, dev.RAM(), nouveau.Options{BAR1Size: bar1, BAR3Size: bar3, PV: bench.DriverPVMode(cfg.Mode), Logger: cfg.Logger})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err()), dev.Close())
+	}
+	probe := func() error {
+		if err := dev.Err(); err != nil {
+			return err
+		}
+		_, err := dev.Counters(names[:1])
+		return err
+	}
+	return &heldGuest{drv: gdev.Nouveau(drv), welcome: dev.Welcome(), counters: countersOf(dev.Counters), probe: probe,
+		close: func() error { return errors.Join(drv.Close(), dev.Close()) }}, nil
+}
+
+// holdProbe is how often a held vGPU is checked for still being there.
+const holdProbe = 500 * time.Millisecond
+
+// runHeld is devmodel --hold: the workloads as without it, and then the
+// vGPU stays attached until SIGINT or SIGTERM (exit 0), or until the
+// aggregator takes it away (exit 1).
+func runHeld(c *cli.Context, cfg devmodel.Config, names []string, params workloads.Params) error {
+	ctx := c.Context
+	g, err := attachGuest(ctx, cfg)
+	if err != nil {
+		return &exitError{code: exitFailure, err: noDaemonHint(err, "gpuvm serve", "--socket")}
+	}
+	rep := bench.Report{Board: bench.VGPUBoardInfo(g.welcome, cfg.Mode), Warmup: 1}
+	progress := newProgress(c.App.ErrWriter)
+	for _, name := range names {
+		w, err := workloads.New(name, params)
+		if err != nil {
+			return errors.Join(err, g.close())
+		}
+		rep.Results = append(rep.Results, bench.RunWorkload(ctx, cfg.Mode, g.drv, w, c.Int("runs"), g.counters, progress.update))
+	}
+	progress.done()
+	var werr error
+	if c.Bool("json") {
+		werr = writeJSONList(c, rep.Results)
+	} else {
+		werr = bench.WriteTable(c.App.Writer, rep)
+	}
+	if werr != nil {
+		return errors.Join(werr, g.close())
+	}
+	for _, r := range rep.Results {
+		if !r.Verified {
+			return &exitError{code: exitFailure, err: errors.Join(firstFailure(rep.Results), g.close())}
+		}
+	}
+	fmt.Fprintf(c.App.ErrWriter, "gpuvm devmodel: holding vGPU %d of domain %d (%s) until SIGTERM or SIGINT\n", g.welcome.VGPU, cfg.DomID, cfg.Name)
+	t := time.NewTicker(holdProbe)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if err := g.close(); err != nil {
+				return &exitError{code: exitFailure, err: fmt.Errorf("releasing the vGPU: %w", err)}
+			}
+			fmt.Fprintf(c.App.ErrWriter, "gpuvm devmodel: vGPU %d released (%v)\n", g.welcome.VGPU, context.Cause(ctx))
+			return nil
+		case <-t.C:
+		}
+		if err := g.probe(); err != nil {
+			return &exitError{code: exitFailure, err: errors.Join(fmt.Errorf("the vGPU went while held: %w", err), g.close())}
+		}
+	}
 }
