@@ -245,6 +245,11 @@ func runHeld(c *cli.Context, cfg devmodel.Config, names []string, params workloa
 		rep.Results = append(rep.Results, bench.RunWorkload(ctx, cfg.Mode, g.drv, w, c.Int("runs"), g.counters, progress.update))
 	}
 	progress.done()
+	if ctx.Err() != nil {
+		// Told to stop before holding (its domain went while the
+		// workloads ran): exit as interrupted, not as failed.
+		return errors.Join(fmt.Errorf("stopped during the workloads: %w", context.Cause(ctx)), g.close())
+	}
 	var werr error
 	if c.Bool("json") {
 		werr = writeJSONList(c, rep.Results)
