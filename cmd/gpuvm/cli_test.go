@@ -27,7 +27,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness, covert)`},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
 		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
-		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, layout)`},
+		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, layout, types)`},
 		{[]string{"vgpu", "stats"}, "want one vGPU id"},
 		{[]string{"vgpu", "destroy", "1", "2"}, "got 2 arguments"},
 		{[]string{"vgpu", "stats", "0", "--nope"}, "flag provided but not defined: -nope (see 'gpuvm vgpu stats --help')"},

@@ -68,6 +68,7 @@ func newApp() *cli.App {
 			guestCommand(),
 			topCommand(),
 			traceCommand(),
+			libvirtCommand(),
 			manCommand(),
 		},
 		Action: func(c *cli.Context) error {

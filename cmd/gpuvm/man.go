@@ -83,6 +83,31 @@ cleanly: every vGPU is torn down and every VRAM slice scrubbed.
 // writeMan renders app's manual page for section as roff to w. The page is
 // the same whoever generates it: socket defaults are shown as root's.
 func writeMan(w io.Writer, app *cli.App, section int) error {
+	// urfave/cli's help command is one package-level value that its setup
+	// appends to every command's subcommands — its own too, once help for
+	// help was shown — so a process that ran the CLI before can hold a
+	// cycle. The page documents our commands, without help.
+	page := *app
+	page.Commands = withoutHelp(app.Commands)
+	return writeManPage(w, &page, section)
+}
+
+// withoutHelp returns copies of cmds, and of their subcommands, without
+// urfave/cli's help commands.
+func withoutHelp(cmds []*cli.Command) []*cli.Command {
+	var out []*cli.Command
+	for _, c := range cmds {
+		if c.Name == "help" {
+			continue
+		}
+		cp := *c
+		cp.Subcommands = withoutHelp(c.Subcommands)
+		out = append(out, &cp)
+	}
+	return out
+}
+
+func writeManPage(w io.Writer, app *cli.App, section int) error {
 	page, err := app.ToManWithSection(section)
 	if err != nil {
 		return fmt.Errorf("man page: %w", err)
