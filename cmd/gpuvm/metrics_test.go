@@ -52,32 +52,32 @@ func TestServeMetrics(t *testing.T) {
 	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, "[metrics]\nlisten = \""+msock+"\"\n"), ctl)
 	defer d.stop(t)
 	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
-		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "3s"})
+		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "10m"})
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer vm.Process.Kill()
+	defer func() { vm.Process.Kill(); vm.Wait() }()
+	waitComputing(t, ctl, "busy")
 	const gpuTime = `gpuvm_vgpu_gpu_seconds_total{domain="busy",domid="5",vgpu="0"}`
-	var first float64
-	for i := 0; first <= 0; i++ {
-		if i > 300 {
-			t.Fatal("no GPU time for the computing VM")
-		}
-		time.Sleep(10 * time.Millisecond)
-		first = scrapeUnix(t, msock, gpuTime)
+	first := scrapeUnix(t, msock, gpuTime)
+	if first <= 0 {
+		t.Fatalf("no GPU time exported for the computing VM: %v", first)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if second := scrapeUnix(t, msock, gpuTime); second <= first {
-		t.Errorf("GPU time did not grow while the VM computed: %v → %v", first, second)
+	deadline := time.Now().Add(time.Minute)
+	for second := first; second <= first; second = scrapeUnix(t, msock, gpuTime) {
+		if time.Now().After(deadline) {
+			t.Fatalf("GPU time did not grow while the VM computed: %v → %v", first, second)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if cpu := scrapeUnix(t, msock, "process_cpu_seconds_total"); cpu <= 0 {
 		t.Errorf("the daemon's CPU time: %v", cpu)
 	}
-	if err := vm.Wait(); err != nil {
-		t.Fatalf("VM: %v", err)
-	}
+	// The VM goes (its device model killed, as when its domain dies).
+	vm.Process.Kill()
+	vm.Wait()
 	for i := 0; scrapeUnix(t, msock, gpuTime) >= 0; i++ {
-		if i > 300 {
+		if i > 3000 {
 			t.Fatal("the departed VM's series is still exported")
 		}
 		time.Sleep(10 * time.Millisecond)

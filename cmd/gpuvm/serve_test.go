@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
 )
 
 // daemonConfig is a small daemon configuration on dir's sockets.
@@ -177,5 +179,27 @@ func TestDevmodelHeader(t *testing.T) {
 	}
 	if want := "(1 warm-up run + 1 measured run)"; !strings.Contains(stderr.String(), want) {
 		t.Errorf("progress %q lacks %q", stderr.String(), want)
+	}
+}
+
+// waitComputing waits until the VM called name has had a submission
+// complete on its vGPU (its driver's set-up — page tables, instance
+// blocks, the inputs — takes seconds of trapped writes on a loaded
+// machine before the first kernel).
+func waitComputing(t *testing.T, ctl, name string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var vgpus []aggregator.VGPUInfo
+		err := controlGet(context.Background(), ctl, "/v1/vgpus", &vgpus)
+		for _, v := range vgpus {
+			if v.Name == name && v.Sched.Submissions > 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("VM %s never computed: %v %+v", name, err, vgpus)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

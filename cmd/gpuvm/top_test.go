@@ -50,21 +50,12 @@ func TestTopAgainstDaemon(t *testing.T) {
 	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, ""), ctl)
 	defer d.stop(t)
 	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
-		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "3s"})
+		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "10m"})
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { vm.Process.Kill(); vm.Wait() }()
-	for i := 0; ; i++ {
-		out, _, _ := runApp(t, "vgpu", "list", "--control-socket", ctl)
-		if strings.Contains(out, `"busy"`) {
-			break
-		}
-		if i > 300 {
-			t.Fatal("the VM never attached")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitComputing(t, ctl, "busy")
 	out, _, err := runApp(t, "top", "-n", "2", "--interval", "300ms", "--control-socket", ctl)
 	if err != nil {
 		t.Fatal(err)

@@ -186,16 +186,7 @@ func TestTraceDaemon(t *testing.T) {
 		vm.Process.Kill()
 		<-vmDone
 	}()
-	for i := 0; ; i++ { // until the VM has its vGPU
-		out, _, err := runApp(t, "vgpu", "list", "--control-socket", ctl)
-		if err == nil && strings.Contains(out, `"devmodel_pid"`) {
-			break
-		}
-		if i > 500 {
-			t.Fatalf("the VM got no vGPU: %v\n%s\nVM: %s\ndaemon: %s", err, out, vmErr.String(), d.stderr)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitComputing(t, ctl, "traced") // until the VM has its vGPU and submits
 
 	out, stderr, err := runTraceApp(context.Background(), "--control-socket", ctl, "--duration", "2s", "--interval", "1s", "--json")
 	var ee *exitError
