@@ -50,11 +50,18 @@ const (
 
 // Config configures a Watcher.
 type Config struct {
-	// Dial connects to libvirtd (see Dialer).
-	Dial     func(ctx context.Context) (Conn, error)
+	// Dial connects to libvirtd (see Dialer). It should give up when ctx
+	// ends.
+	Dial func(ctx context.Context) (Conn, error)
+	// Registry registers a domain's vGPU settings with the aggregator
+	// before its device model is launched, and forgets them when it is
+	// torn down.
 	Registry Registry
+	// Launcher starts the device model of a domain that asks for a vGPU.
 	Launcher Launcher
-	Logger   *slog.Logger
+	// Logger gets what the Watcher attaches, tears down and fails to do
+	// (default: nothing is logged).
+	Logger *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait between reconnection
 	// attempts, which doubles from the one to the other (default 100ms
 	// and 5s: DefaultMinBackoff, DefaultMaxBackoff).
