@@ -211,6 +211,17 @@ func (w *Watcher) serve(ctx context.Context, c Conn) error {
 	if err != nil {
 		return fmt.Errorf("subscribing to lifecycle events: %w", err)
 	}
+	// go-libvirt's goroutine behind events sends each event with a plain
+	// send and looks at ctx only while it waits for the next one: left
+	// with an event in flight (serve returning on a lost connection or a
+	// failed reconciliation), it would block for ever, and with it its
+	// unbounded event queue and the whole client. Cancelled and drained,
+	// it closes events and ends.
+	defer func() {
+		cancel()
+		for range events {
+		}
+	}()
 	// Subscribed first, so that nothing that happens while the list is
 	// read goes unseen.
 	if err := w.reconcile(ctx, c); err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,12 @@ type fakeLibvirt struct {
 	conn    *fakeConn
 	nextID  int32
 	refuse  error // the next dials fail so
+	dials   int
+	// failLists is how many connections fail listing the domains, each
+	// with an event in flight to the Watcher.
+	failLists int
+	// forwarders counts the event goroutines of LifecycleEvents running.
+	forwarders atomic.Int32
 }
 
 type fakeDomain struct {
@@ -34,7 +41,9 @@ type fakeDomain struct {
 }
 
 type fakeConn struct {
-	lv     *fakeLibvirt
+	lv *fakeLibvirt
+	// events are the connection's lifecycle events, which LifecycleEvents
+	// forwards.
 	events chan libvirt.DomainEventLifecycleMsg
 	gone   chan struct{}
 	once   sync.Once
@@ -46,7 +55,11 @@ func (lv *fakeLibvirt) dial(context.Context) (Conn, error) {
 	if lv.refuse != nil {
 		return nil, lv.refuse
 	}
+	lv.dials++
 	lv.conn = &fakeConn{lv: lv, events: make(chan libvirt.DomainEventLifecycleMsg, 16), gone: make(chan struct{})}
+	if lv.failLists > 0 {
+		lv.conn.events <- libvirt.DomainEventLifecycleMsg{Dom: libvirt.Domain{Name: "ghost", ID: 99}, Event: int32(libvirt.DomainEventStarted)}
+	}
 	return lv.conn, nil
 }
 
@@ -92,6 +105,14 @@ func (lv *fakeLibvirt) restart() {
 
 func (c *fakeConn) ConnectListAllDomains(_ int32, _ libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {
 	c.lv.mu.Lock()
+	if c.lv.failLists > 0 {
+		c.lv.failLists--
+		c.lv.mu.Unlock()
+		for len(c.events) > 0 { // the forwarder has the event in flight
+			time.Sleep(time.Millisecond)
+		}
+		return nil, 0, errors.New("listing failed")
+	}
 	defer c.lv.mu.Unlock()
 	var out []libvirt.Domain
 	for _, d := range c.lv.domains {
@@ -130,8 +151,28 @@ func (c *fakeConn) DomainGetInfo(libvirt.Domain) (uint8, uint64, uint64, uint16,
 	return 1, 65536, 65536, 1, 0, nil
 }
 
-func (c *fakeConn) LifecycleEvents(context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error) {
-	return c.events, nil
+// LifecycleEvents forwards the connection's events as go-libvirt does: a
+// goroutine that sends each event with a plain send, looking at ctx (and
+// the connection) only while it waits for the next, and closes the channel
+// when it ends.
+func (c *fakeConn) LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error) {
+	out := make(chan libvirt.DomainEventLifecycleMsg)
+	c.lv.forwarders.Add(1)
+	go func() {
+		defer c.lv.forwarders.Add(-1)
+		defer close(out)
+		for {
+			select {
+			case ev := <-c.events:
+				out <- ev
+			case <-ctx.Done():
+				return
+			case <-c.gone:
+				return
+			}
+		}
+	}()
+	return out, nil
 }
 
 func (c *fakeConn) Disconnected() <-chan struct{} { return c.gone }
@@ -300,6 +341,35 @@ func TestWatcherRefused(t *testing.T) {
 	}
 	if err := w.Run(context.Background()); !errors.Is(err, refusal) {
 		t.Errorf("Run: %v, want the refusal", err)
+	}
+}
+
+// TestWatcherReleasesEventStream: a connection given up with an event in
+// flight (here: the reconciliation fails) leaves no event goroutine, and
+// so no client, behind.
+func TestWatcherReleasesEventStream(t *testing.T) {
+	lv := &fakeLibvirt{domains: map[libvirt.UUID]*fakeDomain{}, failLists: 3}
+	rec := &record{models: map[string]*fakeModel{}}
+	w, err := New(Config{Dial: lv.dial, Registry: rec, Launcher: rec, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	for end := time.Now().Add(10 * time.Second); func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.dials < 4 }(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the Watcher did not reconnect after failed reconciliations")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for end := time.Now().Add(5 * time.Second); lv.forwarders.Load() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d event goroutines of given-up connections still run", lv.forwarders.Load())
+		}
 	}
 }
 
