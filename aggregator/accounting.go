@@ -44,13 +44,16 @@ type SchedStats struct {
 	Queued      int      `json:"queued"`   // submissions waiting now
 	// Share is its part of all VMs' GPU time over the last ShareWindow
 	// (0 when the GPU was idle); Busy its GPU time over that window's
-	// length.
+	// length (0.9–1 s: nine whole 100 ms buckets and the current one so
+	// far). GPU time counts when its submission completes, so a long
+	// submission lands in one bucket and Busy is capped at 1.
 	Share float64 `json:"share"`
 	Busy  float64 `json:"busy"`
 }
 
 // account is the dispatcher's running form of SchedStats (under d.mu).
 type account struct {
+	v           *VGPU // whose: a slot's next tenant gets a new account
 	weight      int
 	submissions uint64
 	gpuTime     time.Duration
@@ -89,6 +92,12 @@ func (c *account) ran(t, now time.Duration) {
 	b.t += t
 }
 
+// window is how much of the ShareWindow ending at now the buckets cover:
+// nine whole buckets and the current one so far.
+func window(now time.Duration) time.Duration {
+	return (shareBuckets-1)*shareBucket + now%shareBucket
+}
+
 // recent is its GPU time in the ShareWindow ending at now.
 func (c *account) recent(now time.Duration) time.Duration {
 	idx := int64(now / shareBucket)
@@ -101,8 +110,10 @@ func (c *account) recent(now time.Duration) time.Duration {
 	return sum
 }
 
-// schedStats returns the account of every vGPU the dispatcher serves, by id.
-func (d *dispatcher) schedStats() map[int]SchedStats {
+// schedStats returns the account of every vGPU the dispatcher serves. It
+// is keyed by the vGPU itself, not its slot: a caller that lists the vGPUs
+// before or after cannot pair one tenant's figures with the next one's.
+func (d *dispatcher) schedStats() map[*VGPU]SchedStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.clock.Now()
@@ -112,15 +123,15 @@ func (d *dispatcher) schedStats() map[int]SchedStats {
 		recent[id] = c.recent(now)
 		total += recent[id]
 	}
-	out := make(map[int]SchedStats, len(d.accounts))
+	out := make(map[*VGPU]SchedStats, len(d.accounts))
 	for id, c := range d.accounts {
 		s := SchedStats{Weight: c.weight, Submissions: c.submissions, GPUTime: c.gpuTime, QueueWait: c.queueWait,
 			WaitBuckets: append([]uint64(nil), c.waits[:]...), Released: c.released, Queued: len(d.queues[id]),
-			Busy: min(float64(recent[id])/float64(ShareWindow), 1)}
+			Busy: min(float64(recent[id])/float64(window(now)), 1)}
 		if total > 0 {
 			s.Share = float64(recent[id]) / float64(total)
 		}
-		out[id] = s
+		out[c.v] = s
 	}
 	return out
 }
@@ -128,9 +139,9 @@ func (d *dispatcher) schedStats() map[int]SchedStats {
 // SchedStats returns v's account with the scheduler (zero once v has left
 // the dispatcher).
 func (v *VGPU) SchedStats() SchedStats {
-	return v.agg.disp.schedStats()[v.ID]
+	return v.agg.disp.schedStats()[v]
 }
 
-// SchedStats returns every attached vGPU's account with the scheduler, by
-// vGPU id, measured at one instant (so the shares add up).
-func (a *Aggregator) SchedStats() map[int]SchedStats { return a.disp.schedStats() }
+// SchedStats returns every attached vGPU's account with the scheduler,
+// measured at one instant (so the shares add up).
+func (a *Aggregator) SchedStats() map[*VGPU]SchedStats { return a.disp.schedStats() }

@@ -28,6 +28,9 @@ func TestAccountShareWindow(t *testing.T) {
 	if got := c.recent(1099 * time.Millisecond); got != 25*time.Millisecond {
 		t.Errorf("recent at 1.099s = %v, want 25ms", got)
 	}
+	if got := window(1050 * time.Millisecond); got != 950*time.Millisecond {
+		t.Errorf("window at 1.05s = %v, want 950ms (nine buckets and 50ms of the current)", got)
+	}
 	if c.submissions != 3 || c.gpuTime != 55*time.Millisecond {
 		t.Errorf("totals %d submissions %v, want 3 and 55ms", c.submissions, c.gpuTime)
 	}
@@ -62,7 +65,7 @@ func TestSchedStatsFollowWork(t *testing.T) {
 	busy := startGuest(t, agg, "busy", "fv-optimized")
 	idle := startGuest(t, agg, "idle", "fv-optimized")
 	before := agg.SchedStats()
-	if s := before[busy.v.ID]; s.Weight != 1 || s.Submissions != 0 {
+	if s := before[busy.v]; s.Weight != 1 || s.Submissions != 0 {
 		t.Fatalf("fresh account %+v", s)
 	}
 	w, err := workloads.New("madd", smallParams)
@@ -75,7 +78,7 @@ func TestSchedStatsFollowWork(t *testing.T) {
 		}
 	}
 	after := agg.SchedStats()
-	b, i := after[busy.v.ID], after[idle.v.ID]
+	b, i := after[busy.v], after[idle.v]
 	t.Logf("busy %+v", b)
 	t.Logf("idle %+v", i)
 	if b.Submissions == 0 || b.GPUTime <= 0 || b.Released < b.Submissions {
@@ -105,7 +108,20 @@ func TestSchedStatsFollowWork(t *testing.T) {
 	if err := agg.Detach(busy.v); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := agg.SchedStats()[busy.v.ID]; ok {
+	if _, ok := agg.SchedStats()[busy.v]; ok {
 		t.Error("a detached vGPU still has an account")
+	}
+	// The slot's next tenant starts with an account of its own.
+	next := startGuestAs(t, agg, 99, "next", "fv-optimized")
+	if next.v.ID != busy.v.ID {
+		t.Fatalf("next tenant in slot %d, want %d", next.v.ID, busy.v.ID)
+	}
+	if s := agg.SchedStats()[next.v]; s.Submissions != 0 || s.GPUTime != 0 || s.Released != 0 {
+		t.Errorf("the slot's next tenant inherited %+v", s)
+	}
+	for _, info := range agg.Infos() {
+		if info.Name == "next" && info.Sched.Submissions != 0 {
+			t.Errorf("Infos gave the next tenant the previous one's account: %+v", info.Sched)
+		}
 	}
 }

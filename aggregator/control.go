@@ -73,7 +73,7 @@ func (a *Aggregator) Infos() []VGPUInfo {
 	stats := a.SchedStats()
 	infos := []VGPUInfo{}
 	for _, v := range a.VGPUs() {
-		infos = append(infos, v.info(stats[v.ID]))
+		infos = append(infos, v.info(stats[v]))
 	}
 	return infos
 }

@@ -118,7 +118,7 @@ func (d *dispatcher) addVM(v *VGPU, weight int) error {
 	if err := d.policy.AddVM(sched.VMID(v.ID), weight, d.clock.Now()); err != nil {
 		return err
 	}
-	d.accounts[v.ID] = &account{weight: weight}
+	d.accounts[v.ID] = &account{v: v, weight: weight}
 	return nil
 }
 
@@ -329,7 +329,7 @@ func (d *dispatcher) release(id int, now time.Duration) {
 	}
 	s.released = now
 	probe.Release(id, int64(now-s.queued)) // gpuvm trace: doorbell-to-release wait
-	if c := d.accounts[id]; c != nil {
+	if c := d.accounts[id]; c != nil && c.v == s.v {
 		c.wait(now - s.queued)
 	}
 	d.inflight = append(d.inflight, s)
@@ -405,7 +405,7 @@ func (d *dispatcher) reap() {
 			d.log.Error("scheduler", "err", cerr)
 		}
 		d.lastDone[s.v.ID] = now
-		if c := d.accounts[s.v.ID]; c != nil {
+		if c := d.accounts[s.v.ID]; c != nil && c.v == s.v {
 			c.ran(now-begin, now)
 		}
 		if d.record {

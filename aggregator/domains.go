@@ -45,10 +45,12 @@ func (s DomainSettings) validate() error {
 		return fmt.Errorf("mode %q is not served (have %v)", s.Mode, Modes())
 	case s.Channels < 0 || s.Channels > 4096:
 		return fmt.Errorf("channels %d: want 0..4096", s.Channels)
-	case s.Weight < 0 || s.Weight > 10000:
-		return fmt.Errorf("weight %d: want 0..10000", s.Weight)
+	case s.Weight < 0 || s.Weight > config.MaxWeight:
+		return fmt.Errorf("weight %d: want 0..%d", s.Weight, config.MaxWeight)
 	case s.VRAM > uint64(config.MaxVRAM):
 		return fmt.Errorf("vram %d: more than any board has", s.VRAM)
+	case s.VRAM%uint64(config.MiB) != 0:
+		return fmt.Errorf("vram %d: not a multiple of 1MiB", s.VRAM)
 	case s.BAR1 > nvc0.BARSize(nvc0.BAR1) || s.BAR1%nvc0.PageSize != 0:
 		return fmt.Errorf("bar1 %d: want a multiple of %d up to %d", s.BAR1, nvc0.PageSize, nvc0.BARSize(nvc0.BAR1))
 	case s.BAR3 > nvc0.BARSize(nvc0.BAR3) || s.BAR3%nvc0.PageSize != 0:
@@ -99,6 +101,9 @@ func (a *Aggregator) SetDomainSettings(domid uint32, s DomainSettings) error {
 		return fmt.Errorf("domain %d: %w", domid, err)
 	}
 	s, err := a.withProfile(s)
+	if err == nil {
+		err = s.validate() // what the profile filled in, too
+	}
 	if err != nil {
 		return fmt.Errorf("domain %d: %w", domid, err)
 	}
@@ -158,15 +163,17 @@ func (a *Aggregator) quotaFor(g Guest) Quota {
 }
 
 // profileFor names the profile g's vGPU was sized by: its registered
-// settings', else its configuration's.
+// settings', else, if those set no size of their own, its
+// configuration's.
 func (a *Aggregator) profileFor(g Guest) string {
-	if p := a.domainSettings(g).Profile; p != "" {
-		return p
+	s := a.domainSettings(g)
+	if s.Profile != "" {
+		return s.Profile
 	}
-	if a.opts.ProfileOf != nil {
-		return a.opts.ProfileOf(g)
+	if s.VRAM != 0 || s.Channels != 0 || s.BAR1 != 0 || s.BAR3 != 0 || a.opts.ProfileOf == nil {
+		return ""
 	}
-	return ""
+	return a.opts.ProfileOf(g)
 }
 
 // domainRoutes adds the domain-settings routes to the control API:

@@ -54,3 +54,16 @@ func TestProfileSizesVGPU(t *testing.T) {
 		t.Errorf("types with both slots taken = %+v, want quarter available 0", got)
 	}
 }
+
+// TestDomainSettingsBounds: what a profile fills in is checked as what a
+// toolstack sends is (a weight past the bound would overflow the credit
+// policies' period × weight), and a VRAM size must be whole MiB.
+func TestDomainSettingsBounds(t *testing.T) {
+	agg, _ := newTestAggregatorWith(t, Options{MaxVMs: 1, Profiles: []Profile{{Name: "heavy", Weight: 1 << 40}}})
+	if err := agg.SetDomainSettings(3, DomainSettings{Profile: "heavy"}); err == nil || !strings.Contains(err.Error(), "weight") {
+		t.Errorf("a profile's huge weight: err = %v", err)
+	}
+	if err := agg.SetDomainSettings(3, DomainSettings{VRAM: 1}); err == nil || !strings.Contains(err.Error(), "multiple of 1MiB") {
+		t.Errorf("vram 1: err = %v", err)
+	}
+}

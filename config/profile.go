@@ -183,8 +183,8 @@ func (c Config) validateProfiles(v *validator) {
 				v.errorf([]string{key(b.name), b.perKey}, "%s exceeds partition %s (%s)", b.size, b.perTable, b.per)
 			}
 		}
-		if v.ok(key("weight")) && (p.Weight != 0 || v.src.written(key("weight"))) && p.Weight < 1 {
-			v.errorf([]string{key("weight")}, "%d is below 1", p.Weight)
+		if v.ok(key("weight")) && (p.Weight != 0 || v.src.written(key("weight"))) && (p.Weight < 1 || p.Weight > MaxWeight) {
+			v.errorf([]string{key("weight")}, "%d is out of range 1..%d", p.Weight, MaxWeight)
 		}
 	}
 	for i, vm := range c.VMs {
@@ -198,7 +198,7 @@ func (c Config) validateProfiles(v *validator) {
 	}
 }
 
-// decodeProfiles decodes the [[profile]] array.
+// profiles decodes the [[profile]] array.
 func (d *decoder) profiles(v any) error {
 	entries, err := arrayOfTables("profile", v)
 	if err != nil {

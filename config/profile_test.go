@@ -108,7 +108,7 @@ bar1 = "16MiB"
 		`t.toml:6:12: profile[1].channels: 0 is below 1 (leave it out for the full channels_per_vm)`,
 		`t.toml:7:8: profile[1].bar1: 1000 bytes is not a multiple of 4KiB`,
 		`t.toml:8:8: profile[1].bar3: 4MiB exceeds partition bar3_per_vm (2MiB)`,
-		`t.toml:9:10: profile[1].weight: 0 is below 1`,
+		`t.toml:9:10: profile[1].weight: 0 is out of range 1..10000`,
 		`t.toml:12:8: profile[2].name: duplicate profile "x" (also in profile[1] at line 5)`,
 		`t.toml:13:1: profile[3]: a profile needs a name`,
 		`t.toml:17:11: vm[0].profile: no profile "nope" (have x, vgpu-512m, vgpu-256m, vgpu-128m)`,

@@ -16,6 +16,7 @@ const (
 	MinVRAM          = 64 * MiB  // smallest simulated board.vram
 	MaxVRAM          = 64 * GiB  // largest simulated board.vram
 	MaxVMs           = 64        // daemon.max_vms upper bound
+	MaxWeight        = 10000     // scheduler weight upper bound ([[vm]], [[profile]], xl, toolstacks)
 	BAR1Aperture     = 128 * MiB // BAR1 size, shared out by partition.bar1_per_vm
 	// BAR1PollReserve is the part of BAR1 the aggregator keeps for the
 	// physical poll area (one 4KiB doorbell page per board channel).
@@ -329,6 +330,8 @@ func (c Config) validateVMs(v *validator) {
 		}
 		if v.ok(key("weight")) && vm.Weight < 1 {
 			v.errorf([]string{key("weight")}, "%d is below 1", vm.Weight)
+		} else if v.ok(key("weight")) && vm.Weight > MaxWeight {
+			v.errorf([]string{key("weight")}, "%d is above %d", vm.Weight, MaxWeight)
 		}
 		if v.ok(key("vram")) && (vm.VRAM != 0 || v.src.written(key("vram"))) {
 			if v.sizeMultiple(key("vram"), vm.VRAM, MiB) && v.ok("partition.vram_per_vm") && vm.VRAM > p.VRAMPerVM {

@@ -7,8 +7,10 @@
 // Collector, no bookkeeping of its own), so a vGPU's series appear when it
 // attaches and are gone once it leaves. Names follow Prometheus
 // conventions: a gpuvm_ prefix, base units (seconds, bytes), _total on
-// counters; vGPUs are labelled by vgpu (slot id), domid and domain (name),
-// and gpuvm_vgpu_info carries the mode and profile.
+// counters; vGPUs are labelled by vgpu (slot id) and domain (name), and
+// gpuvm_vgpu_info carries the domid, mode and profile. The domid is not on
+// every series: a Xen guest that reboots comes back under a new one, and a
+// guest in a reboot loop would mint series without end.
 package metrics
 
 import (
@@ -28,14 +30,12 @@ type Source interface {
 	// VGPUs returns the attached vGPUs.
 	VGPUs() []*aggregator.VGPU
 	// SchedStats returns every vGPU's scheduler account, by vGPU id.
-	SchedStats() map[int]aggregator.SchedStats
+	SchedStats() map[*aggregator.VGPU]aggregator.SchedStats
 	// Layout returns how the board is partitioned.
 	Layout() aggregator.Layout
 	// OutOfService returns the slots taken out of service, with why.
 	OutOfService() map[int]string
 }
-
-var vgpuLabels = []string{"vgpu", "domid", "domain"}
 
 // counter is one per-vGPU counter taken from aggregator.Counters.
 type counter struct {
@@ -66,11 +66,11 @@ type Collector struct {
 // New returns a collector over src.
 func New(src Source) *Collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("gpuvm_"+name, help, append(append([]string(nil), vgpuLabels...), labels...), nil)
+		return prometheus.NewDesc("gpuvm_"+name, help, append([]string{"vgpu", "domain"}, labels...), nil)
 	}
 	c := &Collector{src: src,
 		traps:    d("vgpu_traps_total", "Guest accesses trapped to the aggregator, by BAR and direction.", "bar", "access"),
-		info:     d("vgpu_info", "An attached vGPU (always 1), with its mode and profile.", "mode", "profile"),
+		info:     d("vgpu_info", "An attached vGPU (always 1), with its Xen domain id, mode and profile.", "domid", "mode", "profile"),
 		gpuTime:  d("vgpu_gpu_seconds_total", "GPU time of the vGPU's completed submissions, as the scheduler charged it."),
 		subs:     d("vgpu_submissions_total", "Submissions (doorbells) of the vGPU that completed."),
 		share:    d("vgpu_gpu_share_ratio", "The vGPU's part of all vGPUs' GPU time over the last second (0 when the GPU was idle)."),
@@ -126,14 +126,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	stats := c.src.SchedStats()
 	vgpus := c.src.VGPUs()
 	for _, v := range vgpus {
-		lv := []string{strconv.Itoa(v.ID), strconv.FormatUint(uint64(v.Guest.DomID), 10), v.Guest.Name}
+		lv := []string{strconv.Itoa(v.ID), v.Guest.Name}
 		gauge := func(d *prometheus.Desc, val float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, val, append(append([]string(nil), lv...), extra...)...)
 		}
 		total := func(d *prometheus.Desc, val float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, val, append(append([]string(nil), lv...), extra...)...)
 		}
-		gauge(c.info, 1, v.Guest.Mode, v.Profile())
+		gauge(c.info, 1, strconv.FormatUint(uint64(v.Guest.DomID), 10), v.Guest.Mode, v.Profile())
 		x := v.Counters()
 		for _, t := range []struct {
 			bar         string
@@ -150,7 +150,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if used := v.VRAMInUse(); used >= 0 {
 			gauge(c.vramUsed, float64(used))
 		}
-		s, ok := stats[v.ID]
+		s, ok := stats[v]
 		if !ok {
 			continue // leaving
 		}
@@ -178,7 +178,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // Handler serves the metrics of Registry(src) in the Prometheus
 // exposition formats.
 func Handler(src Source) http.Handler {
-	return promhttp.HandlerFor(Registry(src), promhttp.HandlerOpts{Timeout: scrapeTimeout, ErrorHandling: promhttp.ContinueOnError})
+	return promhttp.HandlerFor(Registry(src), promhttp.HandlerOpts{Timeout: scrapeTimeout, ErrorHandling: promhttp.ContinueOnError,
+		MaxRequestsInFlight: maxScrapes})
 }
 
 // Registry returns a registry holding a collector over src, the process
@@ -190,5 +191,9 @@ func Registry(src Source) *prometheus.Registry {
 	return r
 }
 
-// scrapeTimeout bounds one scrape's handling.
-const scrapeTimeout = 10 * time.Second
+// scrapeTimeout bounds one scrape's handling; maxScrapes how many run at
+// once (the others are answered 503 at once).
+const (
+	scrapeTimeout = 10 * time.Second
+	maxScrapes    = 4
+)

@@ -159,7 +159,7 @@ func TestMetricsFollowWork(t *testing.T) {
 	run()
 	second := scrape(t, srv.URL)
 
-	b, i := map[string]string{"domain": "busy", "domid": "5"}, map[string]string{"domain": "idle", "domid": "6"}
+	b, i := map[string]string{"domain": "busy", "vgpu": "0"}, map[string]string{"domain": "idle", "vgpu": "1"}
 	for _, name := range []string{"gpuvm_vgpu_gpu_seconds_total", "gpuvm_vgpu_submissions_total", "gpuvm_vgpu_queue_wait_seconds", "gpuvm_vgpu_doorbells_total"} {
 		b1, b2 := value(first, name, b), value(second, name, b)
 		i1, i2 := value(first, name, i), value(second, name, i)
@@ -181,7 +181,7 @@ func TestMetricsFollowWork(t *testing.T) {
 	if got := value(second, "gpuvm_vgpu_gpu_share_ratio", b); got != 1 {
 		t.Errorf("busy VM's share %v, want 1 (the only VM computing)", got)
 	}
-	if got := value(second, "gpuvm_vgpu_info", map[string]string{"domain": "idle", "mode": "fv-optimized", "vgpu": "1"}); got != 1 {
+	if got := value(second, "gpuvm_vgpu_info", map[string]string{"domain": "idle", "domid": "6", "mode": "fv-optimized", "vgpu": "1"}); got != 1 {
 		t.Errorf("idle VM's info series %v", got)
 	}
 	if got := value(second, "gpuvm_vgpu_vram_used_bytes", b); got <= 0 {

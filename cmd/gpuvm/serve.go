@@ -299,6 +299,9 @@ func profiles(cfg config.Config) []aggregator.Profile {
 	return out
 }
 
+// maxMetricsConns bounds the metrics endpoint's open connections.
+const maxMetricsConns = 16
+
 // serveMetrics serves the Prometheus endpoint on listen (config.MetricsAddr):
 // a Unix socket is created as the control socket is (a safe directory, a
 // live socket refused), a TCP address listened on as given.
@@ -324,9 +327,13 @@ func serveMetrics(listen string, agg *aggregator.Aggregator, log *slog.Logger) (
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "gpuvm aggregator: metrics at /metrics")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Whoever can reach the endpoint may not make the daemon hold
+	// unbounded connections or scrapes (metrics.Handler bounds those in
+	// flight).
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(newLimitListener(ln, maxMetricsConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics endpoint stopped", "err", err)
 		}
 	}()

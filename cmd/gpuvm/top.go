@@ -131,8 +131,9 @@ func renderTop(w io.Writer, prev, cur topSample) error {
 	fmt.Fprintln(tw, "VGPU\tDOMAIN\tDOMID\tMODE\tPROFILE\tWEIGHT\tSHARE\tENTITLED\tGPU\tGPU-TIME\tQWAIT\tQUEUED\tTRAPS/s\tVRAM\tSTATE\t")
 	for _, v := range vgpus {
 		p, seen := before[v.ID]
-		if seen && (p.DomID != v.DomID || p.Name != v.Name) {
-			seen = false // another VM took the slot
+		if seen && (p.DomID != v.DomID || p.Name != v.Name || p.PID != v.PID ||
+			v.Sched.GPUTime < p.Sched.GPUTime || v.Sched.Released < p.Sched.Released || trapCount(v.Counters) < trapCount(p.Counters)) {
+			seen = false // another VM, or the same one attached afresh, took the slot
 		}
 		var gpu, qwait, traps float64
 		if seen && dt > 0 {

@@ -37,6 +37,16 @@ func TestRenderTop(t *testing.T) {
 	if idle[1] != "idle" || idle[7] != "25.0%" || idle[12] != "0" || idle[14] != "idle" {
 		t.Errorf("idle row %q", idle)
 	}
+	// The same domain attached afresh (its counters start again) shows no
+	// rates, not wrapped ones.
+	again := topSample{at: t0.Add(4 * time.Second), slots: 4, vgpus: []aggregator.VGPUInfo{vm(0, "busy", 3, 10*time.Millisecond, 1, 0, 50)}}
+	out.Reset()
+	if err := renderTop(&out, cur, again); err != nil {
+		t.Fatal(err)
+	}
+	if row := strings.Fields(strings.Split(out.String(), "\n")[3]); row[8] != "0.0%" || row[12] != "0" {
+		t.Errorf("re-attached VM's row %q: want no rates", row)
+	}
 }
 
 // TestTopAgainstDaemon: gpuvm top, its output not a terminal, prints

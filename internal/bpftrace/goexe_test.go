@@ -16,7 +16,7 @@ func TestGoFuncOffsets(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := []string{probe.SymTrapBegin, probe.SymTrapEnd, probe.SymRelease, "no/such.Function"}
-	offs, err := goFuncOffsets(exe, names, probe.Marker[:])
+	offs, err := goFuncOffsets(exe, names, []byte(probe.Marker))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,15 +33,15 @@ func TestGoFuncOffsets(t *testing.T) {
 		if _, err := f.ReadAt(code, int64(off)); err != nil {
 			t.Fatal(err)
 		}
-		if string(code[:5]) != string(probe.Marker[:]) || code[5] != 0xc3 {
+		if string(code[:5]) != probe.Marker || code[5] != 0xc3 {
 			t.Errorf("%s at file offset %#x: % x, want the NOP and RET", name, off, code)
 		}
 	}
 	// A function that does not begin with the NOP is refused.
-	if _, err := goFuncOffsets(exe, []string{"github.com/gpuvm/gpuvm/internal/bpftrace.goFuncOffsets"}, probe.Marker[:]); err == nil || !strings.Contains(err.Error(), "does not begin with") {
+	if _, err := goFuncOffsets(exe, []string{"github.com/gpuvm/gpuvm/internal/bpftrace.goFuncOffsets"}, []byte(probe.Marker)); err == nil || !strings.Contains(err.Error(), "does not begin with") {
 		t.Errorf("goFuncOffsets: %v", err)
 	}
-	if _, err := goFuncOffsets("/bin/sh", names, probe.Marker[:]); err != errNoPclntab {
+	if _, err := goFuncOffsets("/bin/sh", names, []byte(probe.Marker)); err != errNoPclntab {
 		t.Errorf("/bin/sh: %v, want %v", err, errNoPclntab)
 	}
 }

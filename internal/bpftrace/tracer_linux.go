@@ -116,7 +116,7 @@ func Attach(opts Options) (_ *Tracer, err error) {
 	for _, p := range probes {
 		syms = append(syms, p.sym)
 	}
-	offsets, err := goFuncOffsets(t.exe, syms, probe.Marker[:])
+	offsets, err := goFuncOffsets(t.exe, syms, []byte(probe.Marker))
 	if err != nil {
 		return nil, fmt.Errorf("bpftrace: finding the probe points in %s (process %d): %w", t.exe, opts.PID, err)
 	}

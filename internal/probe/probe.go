@@ -44,4 +44,4 @@ const (
 // Marker is the first instruction of every probe point on amd64, a 5-byte
 // NOP (nopl 0x0(%rax,%rax,1)): the tracer checks it is there before it
 // places a uprobe on it.
-var Marker = [5]byte{0x0f, 0x1f, 0x44, 0x00, 0x00}
+const Marker = "\x0f\x1f\x44\x00\x00"
