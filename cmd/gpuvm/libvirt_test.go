@@ -357,6 +357,37 @@ func TestLibvirtLifecycle(t *testing.T) {
 		t.Errorf("vm3's vGPU: %+v", v)
 	}
 
+	// A running persistent domain undefined runs on, transient: it keeps
+	// its vGPU (the Undefined event seen, and handled before plain2's
+	// Started), and loses it only when it stops.
+	pers, err := c.DomainDefineXML(testDomain("pers", `<gpuvm:vgpu `+ns+` profile="vgpu-64m"/>`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DomainCreate(pers); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pers's vGPU", 60*time.Second, logs, held("pers"))
+	persPID := listVGPUs(t, ctl)["pers"].PID
+	if err := c.DomainUndefine(pers); err != nil {
+		t.Fatal(err)
+	}
+	if state, _, _, _, _, err := c.DomainGetInfo(pers); err != nil || libvirt.DomainState(state) != libvirt.DomainRunning {
+		t.Fatalf("pers after undefine: state %d, %v; the test driver should keep it running", state, err)
+	}
+	create("plain2", "")
+	waitFor(t, "the Undefined event of pers", 30*time.Second, logs, func() bool {
+		return hasLine(wout.String(), "lifecycle event", "domain=pers", fmt.Sprintf("event=%d", libvirt.DomainEventUndefined)) &&
+			hasLine(wout.String(), "lifecycle event", "domain=plain2")
+	})
+	if v, ok := listVGPUs(t, ctl)["pers"]; !ok || v.PID != persPID {
+		t.Errorf("pers, undefined but running, lost its vGPU: %+v (device model was pid %d)\n%s", v, persPID, logs())
+	}
+	if err := c.DomainDestroy(pers); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pers's vGPU to go after destroy", 30*time.Second, logs, func() bool { _, ok := listVGPUs(t, ctl)["pers"]; return !ok })
+
 	// gpuvm libvirt stopping stops the device models it launched.
 	watcher.Process.Signal(syscall.SIGTERM)
 	select {

@@ -153,15 +153,16 @@ func New(cfg Config) (*Watcher, error) {
 	return &Watcher{cfg: cfg, log: cfg.Logger,
 		// Started attaches, Stopped and Crashed detach; the others only
 		// make sure of the domain's state (an event missed in a
-		// reconnection, a shutdown still in progress). Suspended,
-		// PMSuspended and Defined leave the vGPU as it is.
+		// reconnection, a shutdown still in progress, a running domain
+		// undefined: it runs on, transient, and keeps its vGPU).
+		// Suspended, PMSuspended and Defined leave the vGPU as it is.
 		handlers: map[libvirt.DomainEventType]handler{
 			libvirt.DomainEventStarted:   sync,
 			libvirt.DomainEventResumed:   sync,
 			libvirt.DomainEventShutdown:  sync,
+			libvirt.DomainEventUndefined: sync,
 			libvirt.DomainEventStopped:   stop,
 			libvirt.DomainEventCrashed:   stop,
-			libvirt.DomainEventUndefined: stop,
 		},
 		attached: map[libvirt.UUID]*attachment{}, ended: map[runKey]string{}, endedCh: make(chan ended), quit: make(chan struct{})}, nil
 }

@@ -91,6 +91,18 @@ func (lv *fakeLibvirt) stop(dom libvirt.Domain, ev libvirt.DomainEventType) {
 	c.events <- libvirt.DomainEventLifecycleMsg{Dom: dom, Event: int32(ev)}
 }
 
+// undefine undefines a domain and sends its event: a running domain runs
+// on (transient), a stopped one is gone.
+func (lv *fakeLibvirt) undefine(dom libvirt.Domain) {
+	lv.mu.Lock()
+	if !lv.domains[dom.UUID].running {
+		delete(lv.domains, dom.UUID)
+	}
+	c := lv.conn
+	lv.mu.Unlock()
+	c.events <- libvirt.DomainEventLifecycleMsg{Dom: dom, Event: int32(libvirt.DomainEventUndefined)}
+}
+
 // restart drops the connection and every running domain (libvirtd's test
 // driver starting afresh).
 func (lv *fakeLibvirt) restart() {
@@ -312,8 +324,22 @@ func TestWatcher(t *testing.T) {
 	for func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.conn.gone == nil || isClosed(lv.conn.gone) }() {
 		time.Sleep(time.Millisecond)
 	}
-	lv.start("d", meta)
+	d := lv.start("d", meta)
 	base = append(base, "register 6 pv-multicall vgpu-64m", "launch d 6")
+	expect(base...)
+
+	// Undefined while it runs, d runs on (transient) and keeps its vGPU
+	// (e, started next, shows the event was handled); undefined once
+	// stopped, e is gone: its vGPU goes.
+	lv.undefine(d)
+	e := lv.start("e", meta)
+	base = append(base, "register 7 pv-multicall vgpu-64m", "launch e 7")
+	expect(base...)
+	lv.mu.Lock()
+	lv.domains[e.UUID].running = false
+	lv.mu.Unlock()
+	lv.undefine(e)
+	base = append(base, "stop e", "forget 7")
 	expect(base...)
 
 	cancel()
