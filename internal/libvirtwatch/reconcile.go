@@ -53,9 +53,10 @@ func (w *Watcher) reconcile(ctx context.Context, c Conn) error {
 // sync makes d's device model agree with d's state: attached while it
 // runs and asks for a vGPU, gone otherwise.
 func (w *Watcher) sync(ctx context.Context, c Conn, d libvirt.Domain) {
+	// Whichever run of d has a vGPU, d not running now ends it.
 	cur, err := c.DomainLookupByUUID(d.UUID)
 	if libvirt.IsNotFound(err) {
-		w.stopped(ctx, c, d)
+		w.runStopped(ctx, d.UUID, 0)
 		return
 	}
 	if err != nil {
@@ -64,7 +65,7 @@ func (w *Watcher) sync(ctx context.Context, c Conn, d libvirt.Domain) {
 	}
 	state, _, err := c.DomainGetState(cur, 0)
 	if libvirt.IsNotFound(err) {
-		w.stopped(ctx, c, d)
+		w.runStopped(ctx, d.UUID, 0)
 		return
 	}
 	if err != nil {
@@ -72,7 +73,7 @@ func (w *Watcher) sync(ctx context.Context, c Conn, d libvirt.Domain) {
 		return
 	}
 	if cur.ID <= 0 || libvirt.DomainState(state) == libvirt.DomainShutoff || libvirt.DomainState(state) == libvirt.DomainCrashed {
-		w.stopped(ctx, c, cur)
+		w.runStopped(ctx, cur.UUID, 0)
 		return
 	}
 	run := runKey{cur.UUID, uint32(cur.ID)}
@@ -157,16 +158,32 @@ func validName(name string) error {
 	return nil
 }
 
-// stopped tears d's vGPU down, if it has one: d is not running.
+// stopped handles the event of d's stopping: d's id, if the event has one,
+// is the run that stopped.
 func (w *Watcher) stopped(ctx context.Context, _ Conn, d libvirt.Domain) {
+	w.runStopped(ctx, d.UUID, max(d.ID, 0))
+}
+
+// runStopped tears down the vGPU of the domain with UUID u, if it has one:
+// run domid of the domain stopped (0: whichever run it was). The vGPU of
+// another run stays: an event queued before a reconnection's
+// reconciliation attached the domain's next run must not tear that down.
+func (w *Watcher) runStopped(ctx context.Context, u libvirt.UUID, domid int32) {
+	ours := func(run runKey) bool { return domid == 0 || run.domid == uint32(domid) }
 	for run := range w.ended {
-		if run.uuid == d.UUID {
+		if run.uuid == u && ours(run) {
 			delete(w.ended, run)
 		}
 	}
-	if a := w.attached[d.UUID]; a != nil {
-		w.detach(ctx, d.UUID, fmt.Sprintf("domain %s stopped", a.name))
+	a := w.attached[u]
+	if a == nil {
+		return
 	}
+	if !ours(a.run) {
+		w.log.Debug("libvirt: the vGPU is of another run of the domain; left attached", "domain", a.name, "domid", a.run.domid, "stopped_domid", domid)
+		return
+	}
+	w.detach(ctx, u, fmt.Sprintf("domain %s stopped", a.name))
 }
 
 // detach stops the device model of the domain with UUID u and forgets its

@@ -399,6 +399,51 @@ func TestWatcherReleasesEventStream(t *testing.T) {
 	}
 }
 
+// TestWatcherStaleStop: the Stopped event of an earlier run of a domain
+// (queued before a reconnection, say) leaves the vGPU of its current run
+// alone.
+func TestWatcherStaleStop(t *testing.T) {
+	lv := &fakeLibvirt{domains: map[libvirt.UUID]*fakeDomain{}}
+	rec := &record{models: map[string]*fakeModel{}}
+	w, err := New(Config{Dial: lv.dial, Registry: rec, Launcher: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.conn == nil }() {
+		time.Sleep(time.Millisecond)
+	}
+	run1 := lv.start("a", meta)
+	expectRecord(t, rec, "register 1 pv-multicall vgpu-64m", "launch a 1")
+	// a stops and starts again; its Started event is seen before the
+	// Stopped event of its first run.
+	lv.mu.Lock()
+	lv.domains[run1.UUID].running = false
+	lv.mu.Unlock()
+	lv.start("a", meta)
+	lv.conn.events <- libvirt.DomainEventLifecycleMsg{Dom: run1, Event: int32(libvirt.DomainEventStopped)}
+	lv.start("b", meta) // handled after the stale event
+	expectRecord(t, rec, "register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1", "register 2 pv-multicall vgpu-64m", "launch a 2",
+		"register 3 pv-multicall vgpu-64m", "launch b 3")
+}
+
+// expectRecord waits for rec to be want.
+func expectRecord(t *testing.T, rec *record, want ...string) {
+	t.Helper()
+	joined := strings.Join(want, "\n")
+	for end := time.Now().Add(10 * time.Second); rec.String() != joined; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("saw:\n%s\nwant:\n%s", rec, joined)
+		}
+	}
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
