@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -22,7 +24,11 @@ import (
 )
 
 // Conn is what the Watcher uses of a libvirt connection (a connected
-// *libvirt.Libvirt has it all).
+// *libvirt.Libvirt has it all). Disconnect may be called more than once,
+// and concurrently with calls: it must make the calls waiting for
+// libvirtd return, even if libvirtd no longer answers (Dialer's
+// connections do; a bare *libvirt.Libvirt waits for libvirtd's answer to
+// its close).
 type Conn interface {
 	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
 	DomainLookupByUUID(uuid libvirt.UUID) (libvirt.Domain, error)
@@ -69,27 +75,86 @@ type Config struct {
 }
 
 // Dialer connects to the libvirtd listening on the Unix socket and opens
-// uri (test:///default, xen:///system, ...) through it.
+// uri (test:///default, xen:///system, ...) through it. A libvirtd that
+// accepts the connection but does not complete the handshake within 15s
+// is given up (and retried by the Watcher). The connection's Disconnect
+// returns even if libvirtd no longer answers, failing the calls still
+// waiting for it.
 func Dialer(socket, uri string) func(ctx context.Context) (Conn, error) {
+	return dialer(socket, uri, handshakeTimeout)
+}
+
+// How long a connection to libvirtd may take: the socket's, then the
+// handshake (authentication, opening the URI).
+const (
+	dialTimeout      = 5 * time.Second
+	handshakeTimeout = 15 * time.Second
+)
+
+// closeGrace is how long Disconnect waits for libvirtd to answer the
+// polite close before it closes the socket.
+const closeGrace = time.Second
+
+func dialer(socket, uri string, handshake time.Duration) func(ctx context.Context) (Conn, error) {
 	return func(ctx context.Context) (Conn, error) {
-		l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(socket), dialers.WithLocalTimeout(5*time.Second)))
+		nd := net.Dialer{Timeout: dialTimeout}
+		raw, err := nd.DialContext(ctx, "unix", socket)
+		if err != nil {
+			return nil, fmt.Errorf("libvirt %s on %s: %w", uri, socket, err)
+		}
+		// The client gets the socket already connected, so that closing
+		// it can end a handshake or a call that libvirtd never answers
+		// (go-libvirt's own calls have no deadline).
+		l := libvirt.NewWithDialer(dialers.NewAlreadyConnected(raw))
 		done := make(chan error, 1)
 		go func() { done <- l.ConnectToURI(libvirt.ConnectURI(uri)) }()
+		t := time.NewTimer(handshake)
+		defer t.Stop()
 		select {
 		case err := <-done:
 			if err != nil {
+				_ = raw.Close()
 				return nil, fmt.Errorf("libvirt %s on %s: %w", uri, socket, err)
 			}
-			return l, nil
+			return &conn{Libvirt: l, raw: raw}, nil
+		case <-t.C:
+			// Closed, the socket fails the handshake: ConnectToURI returns.
+			_ = raw.Close()
+			return nil, fmt.Errorf("libvirt %s on %s: libvirtd did not complete the handshake within %v", uri, socket, handshake)
 		case <-ctx.Done():
-			go func() {
-				if <-done == nil {
-					_ = l.Disconnect()
-				}
-			}()
+			_ = raw.Close()
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// conn is a connection Dialer made: the client, and its socket.
+type conn struct {
+	*libvirt.Libvirt
+	raw  net.Conn
+	once sync.Once
+	err  error
+}
+
+// Disconnect closes the connection: politely if libvirtd answers within
+// closeGrace, and then by closing the socket, which fails every call still
+// waiting for libvirtd (go-libvirt's Disconnect alone would wait for ever
+// on a libvirtd that does not answer). Calls after the first wait for it
+// and return its error.
+func (c *conn) Disconnect() error {
+	c.once.Do(func() {
+		done := make(chan error, 1)
+		go func() { done <- c.Libvirt.Disconnect() }()
+		t := time.NewTimer(closeGrace)
+		defer t.Stop()
+		select {
+		case c.err = <-done:
+		case <-t.C:
+			c.err = fmt.Errorf("libvirtd did not answer the disconnection within %v; closed the socket", closeGrace)
+		}
+		_ = c.raw.Close()
+	})
+	return c.err
 }
 
 // Watcher keeps the vGPUs of one libvirtd's domains. Its state belongs to
@@ -208,6 +273,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) serve(ctx context.Context, c Conn) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Every libvirt call waits for libvirtd's answer, with no deadline:
+	// disconnected when serve ends (ctx ends, say: SIGTERM), a libvirtd
+	// that no longer answers fails them, and Run goes on to stop the
+	// device models.
+	context.AfterFunc(ctx, func() { _ = c.Disconnect() })
 	events, err := c.LifecycleEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("subscribing to lifecycle events: %w", err)

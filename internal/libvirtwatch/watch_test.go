@@ -32,6 +32,9 @@ type fakeLibvirt struct {
 	failLists int
 	// forwarders counts the event goroutines of LifecycleEvents running.
 	forwarders atomic.Int32
+	// hung: calls about domains get no answer until the connection is
+	// closed (go-libvirt's calls then fail so).
+	hung bool
 }
 
 type fakeDomain struct {
@@ -137,6 +140,11 @@ func (c *fakeConn) ConnectListAllDomains(_ int32, _ libvirt.ConnectListAllDomain
 
 func (c *fakeConn) DomainLookupByUUID(u libvirt.UUID) (libvirt.Domain, error) {
 	c.lv.mu.Lock()
+	if c.lv.hung {
+		c.lv.mu.Unlock()
+		<-c.gone
+		return libvirt.Domain{}, libvirt.ErrInterrupted
+	}
 	defer c.lv.mu.Unlock()
 	if d := c.lv.domains[u]; d != nil {
 		return d.dom, nil
@@ -397,6 +405,40 @@ func TestWatcherReleasesEventStream(t *testing.T) {
 			t.Fatalf("%d event goroutines of given-up connections still run", lv.forwarders.Load())
 		}
 	}
+}
+
+// TestWatcherHung: stopped while libvirtd does not answer a call, Run
+// disconnects, which fails the call, and stops the device models.
+func TestWatcherHung(t *testing.T) {
+	lv := &fakeLibvirt{domains: map[libvirt.UUID]*fakeDomain{}}
+	rec := &record{models: map[string]*fakeModel{}}
+	w, err := New(Config{Dial: lv.dial, Registry: rec, Launcher: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	for func() bool { lv.mu.Lock(); defer lv.mu.Unlock(); return lv.conn == nil }() {
+		time.Sleep(time.Millisecond)
+	}
+	a := lv.start("a", meta)
+	expectRecord(t, rec, "register 1 pv-multicall vgpu-64m", "launch a 1")
+	lv.mu.Lock()
+	lv.hung = true
+	lv.mu.Unlock()
+	lv.conn.events <- libvirt.DomainEventLifecycleMsg{Dom: a, Event: int32(libvirt.DomainEventResumed)}
+	time.Sleep(50 * time.Millisecond) // the lookup waiting
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still runs after its context ended, waiting for libvirtd")
+	}
+	expectRecord(t, rec, "register 1 pv-multicall vgpu-64m", "launch a 1", "stop a", "forget 1")
 }
 
 // TestWatcherStaleStop: the Stopped event of an earlier run of a domain
