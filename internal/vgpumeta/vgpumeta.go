@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gpuvm/gpuvm/config"
 )
@@ -57,14 +58,14 @@ func attributes() map[string]func(v *VGPU, val string) error {
 		"mode": func(v *VGPU, val string) error {
 			m := config.Mode(val)
 			if !m.Valid() {
-				return fmt.Errorf("%q: want one of %s", val, strings.Join(config.ModeNames(), ", "))
+				return fmt.Errorf("%q: want one of %s", truncate(val, maxQuoted), strings.Join(config.ModeNames(), ", "))
 			}
 			v.Mode = m
 			return nil
 		},
 		"profile": func(v *VGPU, val string) error {
 			if !config.ValidProfileName(val) {
-				return fmt.Errorf("%q: not a profile name (gpuvm vgpu types lists them)", val)
+				return fmt.Errorf("%q: not a profile name (gpuvm vgpu types lists them)", truncate(val, maxQuoted))
 			}
 			v.Profile = val
 			return nil
@@ -79,6 +80,10 @@ func attributes() map[string]func(v *VGPU, val string) error {
 
 // size parses a size attribute: more than 0, a multiple of unit.
 func size(val string, unit config.Size, unitName string) (config.Size, error) {
+	if len(val) > maxQuoted {
+		// config.ParseSize's errors quote it, and what it parsed.
+		return 0, fmt.Errorf("invalid size %q: too long", truncate(val, maxQuoted))
+	}
 	s, err := config.ParseSize(val)
 	switch {
 	case err != nil:
@@ -95,7 +100,7 @@ func size(val string, unit config.Size, unitName string) (config.Size, error) {
 func count(val string, hi int) (int, error) {
 	n, err := strconv.Atoi(val)
 	if err != nil || n < 1 || n > hi {
-		return 0, fmt.Errorf("%q: want a whole number 1..%d", val, hi)
+		return 0, fmt.Errorf("%q: want a whole number 1..%d", truncate(val, maxQuoted), hi)
 	}
 	return n, nil
 }
@@ -122,14 +127,14 @@ func Parse(domainXML []byte) (VGPU, bool, error) {
 			break
 		}
 		if err != nil {
-			return VGPU{}, false, fmt.Errorf("domain XML: %w", err)
+			return VGPU{}, false, fmt.Errorf("domain XML: %w", boundedError{err})
 		}
 		switch t := tok.(type) {
 		case xml.StartElement:
 			inMetadata := len(path) == 2 && path[0] == "domain" && path[1] == "metadata"
 			if inMetadata && t.Name.Space == Namespace {
 				if t.Name.Local != Element {
-					return VGPU{}, true, fmt.Errorf("gpuvm metadata: unknown element <%s> in namespace %s (want <%s>)", t.Name.Local, Namespace, Element)
+					return VGPU{}, true, fmt.Errorf("gpuvm metadata: unknown element <%s> in namespace %s (want <%s>)", truncate(t.Name.Local, maxQuoted), Namespace, Element)
 				}
 				if found != nil {
 					return VGPU{}, true, fmt.Errorf("gpuvm metadata: more than one <%s> element: one vGPU per domain", Element)
@@ -159,16 +164,16 @@ func onlyEmpty(d *xml.Decoder) error {
 	for {
 		tok, err := d.Token()
 		if err != nil {
-			return fmt.Errorf("domain XML: %w", err)
+			return fmt.Errorf("domain XML: %w", boundedError{err})
 		}
 		switch t := tok.(type) {
 		case xml.EndElement:
 			return nil
 		case xml.StartElement:
-			return fmt.Errorf("gpuvm metadata: <%s> has no child elements (found <%s>); settings are attributes", Element, t.Name.Local)
+			return fmt.Errorf("gpuvm metadata: <%s> has no child elements (found <%s>); settings are attributes", Element, truncate(t.Name.Local, maxQuoted))
 		case xml.CharData:
 			if len(bytes.TrimSpace(t)) > 0 {
-				return fmt.Errorf("gpuvm metadata: <%s> has no text content (found %q); settings are attributes", Element, truncate(string(t), 40))
+				return fmt.Errorf("gpuvm metadata: <%s> has no text content (found %q); settings are attributes", Element, truncate(strings.TrimSpace(string(t)), maxQuoted))
 			}
 		}
 	}
@@ -189,7 +194,7 @@ func fromAttrs(attrs []xml.Attr) (VGPU, error) {
 		}
 		set, ok := table[name]
 		if !ok {
-			return v, fmt.Errorf("gpuvm metadata: unknown attribute %q (have %s)", truncate(name, 64), strings.Join(Attributes(), ", "))
+			return v, fmt.Errorf("gpuvm metadata: unknown attribute %q (have %s)", truncate(name, maxQuoted), strings.Join(Attributes(), ", "))
 		}
 		if seen[name] {
 			return v, fmt.Errorf("gpuvm metadata: attribute %q given twice", name)
@@ -202,10 +207,29 @@ func fromAttrs(attrs []xml.Attr) (VGPU, error) {
 	return v, nil
 }
 
-// truncate shortens s for an error message.
+// maxQuoted bounds, in bytes, what an error message quotes of the domain
+// XML (a value, a name): a domain whose metadata is wrong is logged at
+// every sync, and a megabyte attribute must not make megabyte log lines.
+const maxQuoted = 64
+
+// maxDecoderError bounds the message of an error of the XML decoder, which
+// quotes element names.
+const maxDecoderError = 256
+
+// truncate shortens s to n bytes (a whole UTF-8 sequence less, rather than
+// half of one) for an error message.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
 	return s[:n] + "..."
 }
+
+// boundedError is an error whose message is truncated.
+type boundedError struct{ err error }
+
+func (e boundedError) Error() string { return truncate(e.err.Error(), maxDecoderError) }
+func (e boundedError) Unwrap() error { return e.err }

@@ -3,6 +3,7 @@ package vgpumeta
 import (
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/gpuvm/gpuvm/config"
 )
@@ -99,6 +100,39 @@ func TestParseUntrusted(t *testing.T) {
 	} {
 		if _, _, err := Parse([]byte(doc)); err == nil {
 			t.Errorf("%.40s...: no error", doc)
+		}
+	}
+}
+
+// TestParseErrorsBounded: an error quotes at most a little of what is
+// wrong, however large (a wrong domain is logged at every sync).
+func TestParseErrorsBounded(t *testing.T) {
+	big := strings.Repeat("x", MaxDocument/2)
+	zeros := strings.Repeat("0", MaxDocument/2)
+	for i, doc := range []string{
+		string(domain(`<gpuvm:vgpu ` + ns + ` mode="` + big + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` profile="` + big + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` vram="` + big + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` vram="1` + big + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` vram="` + zeros + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` bar1="1` + zeros + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` channels="` + big + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` weight="` + zeros + `"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` ` + big + `="1"/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + ` xmlns:o="` + big + `" o:mode="1"/>`)),
+		string(domain(`<gpuvm:` + big + ` ` + ns + `/>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + `><` + big + `/></gpuvm:vgpu>`)),
+		string(domain(`<gpuvm:vgpu ` + ns + `>` + big + `</gpuvm:vgpu>`)),
+		`<domain><metadata><` + big + `></domain>`,
+		`<domain><metadata><` + strings.Repeat("é", MaxDocument/4) + `></domain>`,
+	} {
+		_, _, err := Parse([]byte(doc))
+		if err == nil {
+			t.Errorf("case %d: no error", i)
+			continue
+		}
+		if len(err.Error()) > 512 || !utf8.ValidString(err.Error()) {
+			t.Errorf("case %d: an error of %d bytes: %.600s", i, len(err.Error()), err)
 		}
 	}
 }
