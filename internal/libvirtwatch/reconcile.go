@@ -148,11 +148,11 @@ func uuidString(u libvirt.UUID) string {
 // ASCII bytes, no '/').
 func validName(name string) error {
 	if len(name) == 0 || len(name) > 64 {
-		return fmt.Errorf("domain name %q: a vGPU's name is 1..64 bytes", name)
+		return fmt.Errorf("domain name %.64q (%d bytes): a vGPU's name is 1..64 bytes", name, len(name))
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; c < 0x20 || c > 0x7e || c == '/' {
-			return fmt.Errorf("domain name %q: a vGPU's name is printable ASCII without '/'", name)
+			return fmt.Errorf("domain name %.64q: a vGPU's name is printable ASCII without '/'", name)
 		}
 	}
 	return nil

@@ -498,3 +498,16 @@ func isClosed(c chan struct{}) bool {
 		return false
 	}
 }
+
+// TestValidNameBounded: a domain name too long for a vGPU is quoted only
+// in part.
+func TestValidNameBounded(t *testing.T) {
+	for _, name := range []string{strings.Repeat("n", 1<<16), strings.Repeat("/", 1<<16)} {
+		if err := validName(name); err == nil || len(err.Error()) > 200 {
+			t.Errorf("a name of %d bytes: %.300v", len(name), err)
+		}
+	}
+	if err := validName("a/b"); err == nil || !strings.Contains(err.Error(), `"a/b"`) {
+		t.Errorf("a/b: %v", err)
+	}
+}
