@@ -172,14 +172,19 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	l.buf.Write(p)
 	for {
-		i := bytes.IndexByte(l.buf.Bytes(), '\n')
-		if i < 0 {
-			if l.buf.Len() > maxLine {
-				l.emit(l.buf.Next(maxLine))
-			}
+		// A newline is looked for only where it ends a line short
+		// enough: a large write without one costs its length, not its
+		// square.
+		b := l.buf.Bytes()
+		i := bytes.IndexByte(b[:min(len(b), maxLine+1)], '\n')
+		switch {
+		case i >= 0:
+			l.emit(l.buf.Next(i + 1))
+		case l.buf.Len() > maxLine:
+			l.emit(l.buf.Next(maxLine)) // cut: what is kept stays under maxLine
+		default:
 			return len(p), nil
 		}
-		l.emit(l.buf.Next(i + 1))
 	}
 }
 
