@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -81,9 +82,12 @@ func (p *ProcessLauncher) Launch(_ context.Context, d Domain) (Model, error) {
 	table := &lineLogger{log: log, level: slog.LevelDebug, what: "device model results"}
 	cmd.Stdout, cmd.Stderr = table, out
 	// A device model must not outlive the watcher that would stop it,
-	// even one killed without its chance to stop them.
+	// even one killed without its chance to stop them. Pdeathsig fires
+	// when the thread that forked the process ends, not the process
+	// (go.dev/issue/27505): startPinned forks from a thread that lives as
+	// long as the process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	if err := startPinned(cmd); err != nil {
 		return nil, fmt.Errorf("device model of domain %s: %w", d.Name, err)
 	}
 	m := &process{cmd: cmd, done: make(chan struct{}), timeout: p.StopTimeout}
@@ -105,6 +109,35 @@ func (p *ProcessLauncher) Launch(_ context.Context, d Domain) (Model, error) {
 		close(m.done)
 	}()
 	return m, nil
+}
+
+// forker is the goroutine that starts the device model processes, locked
+// to its OS thread and never unlocked, and never ending: that thread ends
+// only with the process. Started from whatever thread the caller's
+// goroutine runs on, a process with Pdeathsig would get its signal when
+// that thread ends, and the runtime ends a thread when a goroutine that
+// locked it ends without unlocking, any goroutine that ran there later
+// (a cgo callback's, a library's). Locking the caller's goroutine instead
+// would tie the device models to the life of the caller's goroutine.
+var forker struct {
+	once  sync.Once
+	start chan func()
+}
+
+// startPinned starts cmd from the forker's thread.
+func startPinned(cmd *exec.Cmd) error {
+	forker.once.Do(func() {
+		forker.start = make(chan func())
+		go func() {
+			runtime.LockOSThread() // for good
+			for f := range forker.start {
+				f()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	forker.start <- func() { done <- cmd.Start() }
+	return <-done
 }
 
 // process is a device model process.

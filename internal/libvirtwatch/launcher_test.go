@@ -3,9 +3,15 @@ package libvirtwatch
 import (
 	"context"
 	"log/slog"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/internal/vgpumeta"
 )
 
 // lines is a slog.Handler keeping the "output" of each record.
@@ -56,5 +62,52 @@ func TestLineLogger(t *testing.T) {
 	got := strings.Join(h.out[2:], "")
 	if want := "three" + big + strings.Repeat("y", 3*maxLine) + "last"; got != want {
 		t.Errorf("logged %d bytes after the first lines, want %d", len(got), len(want))
+	}
+}
+
+// TestLaunchPdeathsig: a device model launched from a goroutine whose
+// thread then ends (it locked the thread and returned without unlocking
+// it, which ends the thread) keeps running: only the watcher's process
+// ending signals it.
+func TestLaunchPdeathsig(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep command")
+	}
+	p := &ProcessLauncher{Command: func([]string) *exec.Cmd { return exec.Command(sleep, "60") }, Logger: slog.New(slog.DiscardHandler)}
+	launched := make(chan Model, 1)
+	launch := func() {
+		m, err := p.Launch(context.Background(), Domain{Name: "d", ID: 1, VGPU: vgpumeta.VGPU{Mode: "fv-optimized"}})
+		if err != nil {
+			t.Error(err)
+		}
+		launched <- m
+	}
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if syscall.Gettid() != syscall.Getpid() {
+			launch()
+			return
+		}
+		// The main thread never ends: launch from another, locked
+		// too (this goroutine keeps it off the main thread).
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runtime.LockOSThread()
+			launch()
+		}()
+		<-done
+		runtime.UnlockOSThread()
+	}()
+	m := <-launched
+	if m == nil {
+		return
+	}
+	defer m.Stop(context.Background())
+	select {
+	case <-m.Done():
+		t.Fatalf("the device model ended with the thread of the goroutine that launched it: %v", m.Err())
+	case <-time.After(500 * time.Millisecond):
 	}
 }
