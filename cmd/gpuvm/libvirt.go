@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -118,24 +120,35 @@ type controlRegistry struct{ socket string }
 
 // Register is PUT /v1/domains/{domid}.
 func (r controlRegistry) Register(ctx context.Context, domid uint32, v vgpumeta.VGPU) error {
-	return putDomainSettings(ctx, r.socket, domid, aggregator.DomainSettings{Mode: string(v.Mode), Profile: v.Profile, VRAM: uint64(v.VRAM),
+	body, err := json.Marshal(aggregator.DomainSettings{Mode: string(v.Mode), Profile: v.Profile, VRAM: uint64(v.VRAM),
 		Channels: v.Channels, BAR1: uint64(v.BAR1), BAR3: uint64(v.BAR3), Weight: v.Weight})
+	if err != nil {
+		return err
+	}
+	return r.do(ctx, http.MethodPut, domid, body, "refused the vGPU settings")
 }
 
 // Forget is DELETE /v1/domains/{domid}.
 func (r controlRegistry) Forget(ctx context.Context, domid uint32) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://aggregator/v1/domains/"+strconv.FormatUint(uint64(domid), 10), nil)
+	return r.do(ctx, http.MethodDelete, domid, nil, "did not forget the vGPU settings")
+}
+
+// do sends method to /v1/domains/{domid}; failed says what the aggregator
+// did if it does not answer 200 OK.
+func (r controlRegistry) do(ctx context.Context, method string, domid uint32, body []byte, failed string) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://aggregator/v1/domains/"+strconv.FormatUint(uint64(domid), 10), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	resp, err := controlClient(r.socket).Do(req)
 	if err != nil {
+		// Any gpuvm serve: libvirt's domains need no --xen.
 		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("the aggregator did not forget the vGPU settings of domain %d: %s: %s", domid, resp.Status, strings.TrimSpace(string(msg)))
+		return fmt.Errorf("the aggregator %s of domain %d: %s: %s", failed, domid, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return nil
 }

@@ -449,3 +449,17 @@ func TestLibvirtUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestLibvirtRegistryHint: the vGPU settings of a libvirt domain sent to
+// no aggregator say which one to start (no Xen about it).
+func TestLibvirtRegistryHint(t *testing.T) {
+	r := controlRegistry{socket: t.TempDir() + "/ctl.sock"}
+	for what, err := range map[string]error{
+		"Register": r.Register(context.Background(), 3, vgpumeta.VGPU{Mode: "fv-optimized"}),
+		"Forget":   r.Forget(context.Background(), 3),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "is gpuvm serve running") || strings.Contains(err.Error(), "--xen") {
+			t.Errorf("%s with no aggregator: %v; want the hint to run gpuvm serve", what, err)
+		}
+	}
+}
