@@ -228,11 +228,17 @@ const holdProbe = 500 * time.Millisecond
 
 // runHeld is devmodel --hold: the workloads as without it, and then the
 // vGPU stays attached until SIGINT or SIGTERM (exit 0), or until the
-// aggregator takes it away (exit 1).
+// aggregator takes it away (exit 1). Stopped before it holds (while
+// attaching or running the workloads), it exits as interrupted (130).
 func runHeld(c *cli.Context, cfg devmodel.Config, names []string, params workloads.Params) error {
 	ctx := c.Context
 	g, err := attachGuest(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Told to stop while still attaching: exit as interrupted
+			// (exitCode), not as failed.
+			return fmt.Errorf("stopped while attaching the vGPU: %w", err)
+		}
 		return &exitError{code: exitFailure, err: noDaemonHint(err, "gpuvm serve", "--socket")}
 	}
 	rep := bench.Report{Board: bench.VGPUBoardInfo(g.welcome, cfg.Mode), Warmup: 1}

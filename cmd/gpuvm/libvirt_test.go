@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -141,6 +142,38 @@ func TestDevmodelHold(t *testing.T) {
 	}
 	if _, _, err := runApp(t, "devmodel", "--hold", "--fairness", "madd"); err == nil || !strings.Contains(err.Error(), "--hold") {
 		t.Errorf("--hold with --fairness: %v", err)
+	}
+
+	// Stopped while still attaching (an aggregator that accepts and never
+	// answers): it exits as interrupted, not as failed.
+	mute := dir + "/mute.sock"
+	ln, err := net.Listen("unixpacket", mute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cmd = selfCommand(context.Background(), []string{"devmodel", "--hold", "--socket", mute, "--domid", "5", "--name", "early", "--ram", "64MiB"})
+	out = &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cmd.Process.Signal(syscall.SIGTERM)
+	werr := make(chan error, 1)
+	go func() { werr <- cmd.Wait() }()
+	select {
+	case err := <-werr:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitInterrupted {
+			t.Errorf("devmodel --hold stopped while attaching: %v, want exit %d\n%s", err, exitInterrupted, out)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("devmodel --hold still attaching 30s after SIGTERM:\n%s", out)
 	}
 }
 
