@@ -16,7 +16,9 @@ import (
 // the first sample whose line starts with prefix (-1: none).
 func scrapeUnix(t *testing.T, sock, prefix string) float64 {
 	t.Helper()
-	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	// One connection a scrape, closed after it: the endpoint holds at most
+	// 16, and a client per call would leave each idle until it times out.
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		}}}

@@ -331,7 +331,7 @@ func serveMetrics(listen string, agg *aggregator.Aggregator, log *slog.Logger) (
 	// unbounded connections or scrapes (metrics.Handler bounds those in
 	// flight).
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+		WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {
 		if err := srv.Serve(newLimitListener(ln, maxMetricsConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics endpoint stopped", "err", err)
