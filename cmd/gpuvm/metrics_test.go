@@ -53,13 +53,7 @@ func TestServeMetrics(t *testing.T) {
 	sock, ctl, msock := dir+"/agg.sock", dir+"/ctl.sock", dir+"/metrics.sock"
 	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, "[metrics]\nlisten = \""+msock+"\"\n"), ctl)
 	defer d.stop(t)
-	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
-		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "10m"})
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { vm.Process.Kill(); vm.Wait() }()
-	waitComputing(t, ctl, "busy")
+	vm := startComputingVM(t, sock, ctl, "busy", 5)
 	const gpuTime = `gpuvm_vgpu_gpu_seconds_total{domain="busy",vgpu="0"}`
 	first := scrapeUnix(t, msock, gpuTime)
 	if first <= 0 {
@@ -77,7 +71,6 @@ func TestServeMetrics(t *testing.T) {
 	}
 	// The VM goes (its device model killed, as when its domain dies).
 	vm.Process.Kill()
-	vm.Wait()
 	for i := 0; scrapeUnix(t, msock, gpuTime) >= 0; i++ {
 		if i > 3000 {
 			t.Fatal("the departed VM's series is still exported")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -83,12 +82,7 @@ func TestRealPrometheusScrapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { p.Process.Kill(); p.Wait() }()
-	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
-		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "8s"})
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { vm.Process.Kill(); vm.Wait() }()
+	startComputingVM(t, sock, ctl, "busy", 5)
 	server := fmt.Sprintf("http://127.0.0.1:%d", pport)
 	deadline := time.Now().Add(60 * time.Second)
 	var first float64

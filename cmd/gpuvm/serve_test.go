@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -202,4 +203,21 @@ func waitComputing(t *testing.T, ctl, name string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startComputingVM starts a VM process that computes (a madd fairness
+// load) on the daemon at sock until the test ends, and waits until it has
+// computed (waitComputing). The test may kill it earlier.
+func startComputingVM(t *testing.T, sock, ctl, name string, domid int) *exec.Cmd {
+	t.Helper()
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", name, "--domid", strconv.Itoa(domid),
+		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "10m"})
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { vm.Wait(); close(done) }()
+	t.Cleanup(func() { vm.Process.Kill(); <-done })
+	waitComputing(t, ctl, name)
+	return vm
 }

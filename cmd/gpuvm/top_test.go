@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -59,13 +58,7 @@ func TestTopAgainstDaemon(t *testing.T) {
 	sock, ctl := dir+"/agg.sock", dir+"/ctl.sock"
 	d := startDaemon(t, daemonConfig(t, dir, sock, ctl, ""), ctl)
 	defer d.stop(t)
-	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "busy", "--domid", "5",
-		"--ram", "128MiB", "--fairness", "madd", "--matrix-dim", "64", "--duration", "10m"})
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { vm.Process.Kill(); vm.Wait() }()
-	waitComputing(t, ctl, "busy")
+	startComputingVM(t, sock, ctl, "busy", 5)
 	out, _, err := runApp(t, "top", "-n", "2", "--interval", "300ms", "--control-socket", ctl)
 	if err != nil {
 		t.Fatal(err)
