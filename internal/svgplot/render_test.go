@@ -34,6 +34,10 @@ func TestRenderFiles(t *testing.T) {
 			{"mmul", "Native", 1}, {"mmul", "FV (Naive)", 40}, {"mmul", "FV (Optimised)", 3}, {"mmul", "PV", 1.05},
 			{"fmadd", "Native", 1}, {"fmadd", "FV (Naive)", 200}, {"fmadd", "FV (Optimised)", 8}, {"fmadd", "PV", 1.1},
 		}},
+		"stacked.svg": StackedBarChart{Title: "Phase breakdown", YLabel: "fraction of the run", Normalize: true, Segments: []Segment{
+			{"native", "init", 10}, {"native", "htod", 5}, {"native", "launch", 30}, {"native", "dtoh", 5}, {"native", "close", 2},
+			{"fv-naive", "init", 400}, {"fv-naive", "htod", 50}, {"fv-naive", "launch", 31}, {"fv-naive", "dtoh", 40}, {"fv-naive", "close", 300},
+		}},
 		"bar_lin.svg": BarChart{Title: "Linear with rotated labels", YLabel: "seconds", Bars: []Bar{
 			{"a-very-long-workload-name", "x", 3}, {"another-long-name", "x", -1}, {"third-long-workload", "x", 7},
 			{"a-very-long-workload-name", "y", 2}, {"fourth-long-workload", "y", 5}, {"fifth-long-workload", "x", 1},
