@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -42,6 +43,9 @@ type VirtualOptions struct {
 	PollDoorbells bool
 	Command       VMCommand
 	Logger        *slog.Logger
+	// Stderr receives the VM process's standard error, its progress and
+	// log (default os.Stderr).
+	Stderr io.Writer
 }
 
 // BenchPartition is the partitioning virtualized benchmarks use: one VM with
@@ -84,7 +88,10 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 	}
 	cmd := opts.Command(ctx, args)
 	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	cmd.Stdout, cmd.Stderr = &out, opts.Stderr
+	if opts.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	runErr := cmd.Run()
 	var results []Result
 	if err := json.Unmarshal(out.Bytes(), &results); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/gpuvm/gpuvm/bench"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
@@ -50,8 +51,9 @@ func devmodelCommand() *cli.Command {
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
 			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
-			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
-			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
+			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission; with --contexts, kernel runs per instance"},
+			&cli.IntFlag{Name: "contexts", Usage: "instead of workloads, run this many madd applications at once, each in its own GPU context, its kernel run --repeat times, and print their phase times as JSON (the contexts experiment, thesis Fig. 4.10)"},
+			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness or --contexts: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
 			&cli.BoolFlag{Name: "hold", Usage: "after the workloads, keep the vGPU attached until SIGTERM or SIGINT (then exit 0), as a domain's device model lives as long as its domain (gpuvm libvirt starts VMs this way); exit 1 if the vGPU goes first"},
 		}, covertGuestFlags()...),
 		Action: runDevmodel,
@@ -94,6 +96,9 @@ func runDevmodel(c *cli.Context) error {
 	if c.IsSet("covert") {
 		return runCovertGuest(c, cfg)
 	}
+	if n := c.Int("contexts"); n != 0 {
+		return runContextsGuest(c, cfg, n)
+	}
 	if kind := c.String("fairness"); kind != "" {
 		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"), c.Path("start-gate"))
 		err = noDaemonHint(err, "gpuvm serve", "--socket")
@@ -132,6 +137,39 @@ func runDevmodel(c *cli.Context) error {
 	for _, r := range results {
 		if !r.Verified {
 			return &exitError{code: exitFailure, err: firstFailure(results)}
+		}
+	}
+	return nil
+}
+
+// maxGuestContexts bounds --contexts: a vGPU's channels bound it anyway.
+const maxGuestContexts = 64
+
+// runContextsGuest is `devmodel --contexts N`.
+func runContextsGuest(c *cli.Context, cfg devmodel.Config, n int) error {
+	if n < 1 || n > maxGuestContexts {
+		return usageError("--contexts %d: want 1..%d", n, maxGuestContexts)
+	}
+	if r := c.Int("repeat"); r < 1 || r > 1_000_000 {
+		return usageError("--repeat %d: want 1..1000000", r)
+	}
+	if d := c.Int("matrix-dim"); d < 1 || d > nvc0.MaxKernelMatrixDim {
+		return usageError("--matrix-dim %d: want 1..%d", d, nvc0.MaxKernelMatrixDim)
+	}
+	insts, err := bench.RunContextsGuest(c.Context, cfg, n, c.Int("matrix-dim"), c.Int("repeat"), c.Path("start-gate"))
+	err = noDaemonHint(err, "gpuvm serve", "--socket")
+	if insts == nil {
+		insts = []bench.Instance{}
+	}
+	if jerr := bench.WriteJSONValue(c.App.Writer, insts); jerr != nil {
+		return jerr
+	}
+	if err != nil {
+		return &exitError{code: exitFailure, err: err}
+	}
+	for i, in := range insts {
+		if !in.Verified {
+			return &exitError{code: exitFailure, err: fmt.Errorf("instance %d: %s", i+1, in.Error)}
 		}
 	}
 	return nil

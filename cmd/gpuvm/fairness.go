@@ -123,7 +123,7 @@ func runFairness(c *cli.Context) error {
 
 func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\tMODES\t")
+	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tMIN/MAX run\tMIN/MAX 500ms\tMIN/MAX 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\tMODES\t")
 	for _, r := range rep.Runs {
 		var madd, long float64
 		for i, l := range r.Loads {
@@ -140,7 +140,7 @@ func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 			}
 			return "–"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","))
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, r.MinMaxRun, r.MinMax500, r.MinMax100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
