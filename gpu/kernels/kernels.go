@@ -18,14 +18,16 @@ type Memory interface {
 }
 
 // Cost is the work a kernel did, used by the board's timing model. Ops counts
-// arithmetic operations (a multiply-add is 2); Bytes counts matrix bytes read
+// arithmetic operations (a multiply-add is 2); Bytes counts array bytes read
 // and written in GPU memory.
 type Cost struct{ Ops, Bytes uint64 }
 
 // ErrBadParams classifies errors caused by an invalid parameter list: the
-// wrong number of words, a matrix dimension of 0 or above
-// nvc0.MaxKernelMatrixDim, a loop count above nvc0.MaxKernelLoopIterations, or
-// a matrix whose address range wraps past 2^64.
+// wrong number of words, a dimension or count of 0 or above its bound in
+// package nvc0 (nvc0.MaxKernelMatrixDim, nvc0.MaxKernelGridDim, …), a loop
+// or step count above its bound, an LU block offset that is not a multiple of
+// nvc0.LUDBlockSize below n, a float32 word with its high 32 bits set, or an
+// array whose address range wraps past 2^64.
 var ErrBadParams = errors.New("bad kernel parameters")
 
 // ErrUnknownKernel classifies errors caused by a kernel id the library does
@@ -45,7 +47,7 @@ type Scratch struct {
 }
 
 // slab hands out reusable buffers by index.
-type slab[T any] struct{ bufs [4][]T }
+type slab[T any] struct{ bufs [8][]T }
 
 // get returns buffer i with length n (its contents are whatever was there).
 func (s *slab[T]) get(i, n int) []T {
@@ -70,6 +72,19 @@ var kernelTable = map[nvc0.KernelID]handler{
 	nvc0.KernelMmul:  {nparams: 4, run: matrixKernel(u32Slab, decodeU32sInto, encodeU32sInto, mmulU32, mulOps)},
 	nvc0.KernelFmadd: {nparams: 4, run: matrixKernel(f32Slab, decodeF32sInto, encodeF32sInto, maddF32, addOps)},
 	nvc0.KernelFmmul: {nparams: 4, run: matrixKernel(f32Slab, decodeF32sInto, encodeF32sInto, mmulF32, mulOps)},
+
+	nvc0.KernelBPForward:    {nparams: 5, run: runBPForward},
+	nvc0.KernelBPAdjust:     {nparams: 6, run: runBPAdjust},
+	nvc0.KernelHotspot:      {nparams: 11, run: runHotspot},
+	nvc0.KernelLUDDiagonal:  {nparams: 3, run: runLUD(ludDiagonal)},
+	nvc0.KernelLUDPerimeter: {nparams: 3, run: runLUD(ludPerimeter)},
+	nvc0.KernelLUDInternal:  {nparams: 3, run: runLUD(ludInternal)},
+	nvc0.KernelNN:           {nparams: 5, run: runNN},
+	nvc0.KernelSradExtract:  {nparams: 2, run: runSradPointwise(sradExtract)},
+	nvc0.KernelSradReduce:   {nparams: 3, run: runSradReduce},
+	nvc0.KernelSradCoeff:    {nparams: 9, run: runSradCoeff},
+	nvc0.KernelSradUpdate:   {nparams: 9, run: runSradUpdate},
+	nvc0.KernelSradCompress: {nparams: 2, run: runSradPointwise(sradCompress)},
 }
 
 // Run executes built-in kernel id with the given parameter words in the
@@ -78,8 +93,8 @@ var kernelTable = map[nvc0.KernelID]handler{
 // Errors name the kernel and carry context; they wrap ErrUnknownKernel,
 // ErrBadParams, the MMU fault returned by mem, or ctx.Err() when the context
 // is cancelled (checked before the kernel starts, between row blocks of the
-// matrix products and about every million loop iterations). On error the
-// returned Cost is zero.
+// matrix products and of the Rodinia-like kernels, and about every million
+// loop iterations). On error the returned Cost is zero.
 func Run(ctx context.Context, id nvc0.KernelID, params []uint64, mem Memory) (Cost, error) {
 	return RunScratch(ctx, id, params, mem, nil)
 }

@@ -277,7 +277,7 @@ func TestBadParams(t *testing.T) {
 		{"mmul n huge", nvc0.KernelMmul, []uint64{testBase, testBase, testBase, 1 << 33}, ErrBadParams},
 		{"fmadd c wraps", nvc0.KernelFmadd, []uint64{testBase, testBase, math.MaxUint64 - 2, 1}, ErrBadParams},
 		{"unknown 0", 0, nil, ErrUnknownKernel},
-		{"unknown 7", 7, []uint64{}, ErrUnknownKernel},
+		{"unknown next", nvc0.KernelSradCompress + 1, []uint64{}, ErrUnknownKernel},
 		{"unknown max", math.MaxUint32, nil, ErrUnknownKernel},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
