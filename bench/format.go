@@ -281,3 +281,11 @@ func ChartVsNative(r Report) ([]byte, error) {
 	}
 	return svgplot.BarChart{Title: "Execution time normalised to native", YLabel: "× native (log)", Bars: bars, LogScale: true}.SVG()
 }
+
+// CounterValue reads a result's counter however it arrived (from this
+// process or from a VM process's JSON); 0 when absent.
+func CounterValue(c map[string]any, name string) uint64 { return counterValue(c[name]) }
+
+// TrapCounts reads a result's barN_traps (or barN_mmio) counter as reads
+// and writes.
+func TrapCounts(c map[string]any, name string) (reads, writes uint64) { return trapPair(c[name]) }

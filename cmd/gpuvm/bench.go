@@ -55,13 +55,9 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "doorbell", Value: "trap", Usage: "virtualized modes: trap (every GP_PUT write traps) or poll (the aggregator polls the guests' user areas, no trap per doorbell)"},
 		},
 		Action:      runBench,
-		Subcommands: []*cli.Command{fairnessCommand(), covertCommand()},
+		Subcommands: []*cli.Command{fairnessCommand(), covertCommand(), reportCommand()},
 	}
 }
-
-// benchGuestRAM is the RAM of a benchmark VM: room for pincpy's two 64 MiB
-// pinned buffers, the staging buffers and the channel rings.
-const benchGuestRAM = 512 << 20
 
 // runNative runs the workloads with the guest driver straight on a board.
 func runNative(ctx context.Context, cfg sim.Config, wls []workloads.Workload, runs int, progress bench.Progress, log *slog.Logger) ([]bench.Result, error) {
@@ -140,7 +136,7 @@ func runBench(c *cli.Context) error {
 		} else {
 			progress.done()
 			results, err = bench.RunVirtualized(c.Context, mode, names, runs, params, bench.VirtualOptions{
-				Board: boardCfg, Partition: bench.BenchPartition(boardCfg.VRAMSize), RAMSize: benchGuestRAM,
+				Board: boardCfg, Partition: bench.BenchPartition(boardCfg.VRAMSize), RAMSize: bench.GuestRAM,
 				Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"),
 				PostedWrites: c.Bool("posted-writes"), Command: selfCommand, Logger: log,
 				PollDoorbells: doorbell == config.DoorbellPoll,

@@ -53,15 +53,17 @@ const (
 )
 
 // PaletteSize is the number of distinct colours in the palette.
-const PaletteSize = 8
+const PaletteSize = 12
 
-// palette holds the Okabe–Ito colour-blind-friendly colours, 7 bytes each.
-// It is a constant so that it cannot be modified.
-const palette = "#0072B2#E69F00#009E73#D55E00#56B4E9#CC79A7#000000#F0E442"
+// palette holds the Okabe–Ito colour-blind-friendly colours, then four of
+// Paul Tol's (so that the ten modes of a report get ten colours), 7 bytes
+// each. It is a constant so that it cannot be modified.
+const palette = "#0072B2#E69F00#009E73#D55E00#56B4E9#CC79A7#000000#F0E442#882255#44AA99#999933#332288"
 
 // Color returns the colour ("#RRGGBB") used for the i-th series or bar
 // label: the Okabe–Ito palette blue, orange, bluish green, vermillion, sky
-// blue, reddish purple, black and yellow, cycling for i >= PaletteSize.
+// blue, reddish purple, black and yellow, then Tol's wine, teal, olive and
+// indigo, cycling for i >= PaletteSize.
 // Negative i is accepted and also cycles.
 func Color(i int) string {
 	i %= PaletteSize
