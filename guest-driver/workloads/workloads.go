@@ -1,7 +1,53 @@
-// Package workloads holds the GPUvm evaluation's micro-benchmarks (thesis
-// Table 4.2) as guest programs on the gdev runtime: nop, loop, madd, mmul,
-// fmadd, fmmul, cpy and pincpy. Each run times the phases of Fig. 4.9 (init,
-// htod, launch, dtoh, close) and verifies its result against a host reference.
+// Package workloads holds the GPUvm evaluation's benchmarks (thesis Table
+// 4.2) as guest programs on the gdev runtime: the micro-benchmarks nop, loop,
+// madd, mmul, fmadd, fmmul, cpy and pincpy, and the Rodinia-like bp, hs, lud,
+// nn, srad and srad2. Each run times the phases of Fig. 4.9 (init, htod,
+// launch, dtoh, close) and verifies its result against a host reference.
+//
+// Sizes (Params' zero value):
+//
+//	nop     one empty kernel.
+//	loop    one kernel of 2^24 generator steps (LoopIterations).
+//	madd, mmul, fmadd, fmmul
+//	        1024×1024 matrices (MatrixDim).
+//	cpy, pincpy
+//	        64 MiB each way (CopyBytes).
+//	bp      back propagation, one training step of a network of 65,536 inputs,
+//	        16 hidden units and 1 output (Rodinia's default run, backprop
+//	        65536): bp_layerforward, then the output and hidden errors on the
+//	        host, then bp_adjust_weights; 2 launches.
+//	hs      hotspot on a 512×512 grid (the size of Rodinia's temp_512 and
+//	        power_512 inputs; synthetic values), 24 iterations as 12
+//	        launches of a pyramid 2 iterations high.
+//	lud     LU decomposition of a diagonally dominant 512×512 matrix (the
+//	        size of Rodinia's 512.dat) in 16-wide block steps: diagonal,
+//	        perimeter and internal kernels per step and a last diagonal, 94
+//	        launches.
+//	nn      the distances of 42,764 synthetic (latitude, longitude) records
+//	        (about the size of Rodinia's default input) to (30, 90) in one
+//	        kernel; the 5 nearest are picked on the host, as Rodinia does.
+//	srad    srad_v1 on a 502×458 image (Rodinia's default size; a synthetic
+//	        speckled image instead of its ultrasound picture): extract, then
+//	        per iteration srad_reduce, the two sums back to the host for the
+//	        speckle scale, srad_coeff and srad_update, then compress; 20
+//	        iterations (Rodinia runs 100), λ 0.5: 62 launches and 20 small
+//	        copies back.
+//	srad2   srad_v2 on a 1024×1024 image of exp(uniform[0, 1)) pixels
+//	        (Rodinia's default run is 2048×2048): per iteration the speckle
+//	        scale of the region rows 0–127, columns 0–127 on the host, the
+//	        image to the device, srad_coeff and srad_update, and the image
+//	        back; 2 iterations, λ 0.5.
+//
+// srad's iteration count and srad2's image are smaller than Rodinia's
+// default runs, and hs's iteration count is chosen, so that each Rodinia-like
+// workload runs for roughly 20–200 ms natively on the simulated board with
+// the fermi timing (its kernels compute for real on the host's CPU); madd
+// takes about 40 ms.
+//
+// Params.RodiniaScale divides the linear sizes of the Rodinia-like workloads
+// (bp's inputs, hs's, srad's and srad2's rows and columns, lud's n, nn's
+// records; at least 4 rows and columns, 16 inputs or records) but not their
+// iteration counts, so scaled-down runs keep their launch structure.
 package workloads
 
 import (
@@ -58,7 +104,14 @@ type Params struct {
 	MatrixDim      int    // n of the n×n matrices; default 1024
 	LoopIterations uint64 // loop kernel iterations; default 1<<24
 	CopyBytes      uint64 // cpy/pincpy transfer size; default 64 MiB
+	// RodiniaScale divides the linear sizes of bp, hs, lud, nn, srad and
+	// srad2 (1..MaxRodiniaScale; 0 means 1, Rodinia's sizes), so that tests
+	// and CI can run small versions.
+	RodiniaScale int
 }
+
+// MaxRodiniaScale bounds Params.RodiniaScale.
+const MaxRodiniaScale = 256
 
 func (p Params) withDefaults() Params {
 	if p.MatrixDim == 0 {
@@ -69,6 +122,9 @@ func (p Params) withDefaults() Params {
 	}
 	if p.CopyBytes == 0 {
 		p.CopyBytes = 64 << 20
+	}
+	if p.RodiniaScale == 0 {
+		p.RodiniaScale = 1
 	}
 	return p
 }
@@ -96,6 +152,12 @@ func registry() []factory {
 		{"fmmul", "n×n float32 matrix multiplication", func(p Params) Workload { return newMatrix("fmmul", p.MatrixDim, true, true) }},
 		{"cpy", "host→device→host copy of pageable memory", func(p Params) Workload { return &copyWorkload{size: p.CopyBytes} }},
 		{"pincpy", "host→device→host copy of pinned memory", func(p Params) Workload { return &copyWorkload{size: p.CopyBytes, pinned: true} }},
+		{"bp", "Rodinia back propagation: one training step, 65536 inputs × 16 hidden units, 2 kernels", func(p Params) Workload { return newBP(rodiniaSizes(p.RodiniaScale)) }},
+		{"hs", "Rodinia hotspot: 512×512 grid, 24 iterations in 12 launches", func(p Params) Workload { return newHotspot(rodiniaSizes(p.RodiniaScale)) }},
+		{"lud", "Rodinia LU decomposition: 512×512 float32 matrix, 94 launches", func(p Params) Workload { return newLUD(rodiniaSizes(p.RodiniaScale)) }},
+		{"nn", "Rodinia nearest neighbour: 42764 records, 5 nearest", func(p Params) Workload { return newNN(rodiniaSizes(p.RodiniaScale)) }},
+		{"srad", "Rodinia srad_v1: 502×458 image, 20 iterations of 3 kernels", func(p Params) Workload { return newSrad(rodiniaSizes(p.RodiniaScale)) }},
+		{"srad2", "Rodinia srad_v2: 1024×1024 random image, 2 iterations of 2 kernels", func(p Params) Workload { return newSrad2(rodiniaSizes(p.RodiniaScale)) }},
 	}
 }
 
@@ -123,6 +185,9 @@ func New(name string, p Params) (Workload, error) {
 	p = p.withDefaults()
 	if p.MatrixDim < 1 || p.MatrixDim > 4096 {
 		return nil, fmt.Errorf("matrix dimension %d out of range 1..4096", p.MatrixDim)
+	}
+	if p.RodiniaScale < 1 || p.RodiniaScale > MaxRodiniaScale {
+		return nil, fmt.Errorf("rodinia scale %d out of range 1..%d", p.RodiniaScale, MaxRodiniaScale)
 	}
 	for _, f := range registry() {
 		if f.name == name {
@@ -183,6 +248,14 @@ func newTimer() *timer { return &timer{last: time.Now()} }
 func (t *timer) lap(d *time.Duration) {
 	now := time.Now()
 	*d = now.Sub(t.last)
+	t.last = now
+}
+
+// add adds the time since the last lap to *d: for a phase a run enters more
+// than once (srad2 copies its image each way every iteration).
+func (t *timer) add(d *time.Duration) {
+	now := time.Now()
+	*d += now.Sub(t.last)
 	t.last = now
 }
 
