@@ -61,11 +61,17 @@ func BenchmarkLUD_512(b *testing.B) {
 	}
 }
 
-func BenchmarkLUDInternal_512(b *testing.B) {
+// benchLUD times one LU kernel at the first block step of a 512×512
+// matrix, the step with the most work.
+func benchLUD(b *testing.B, id nvc0.KernelID) {
 	const n = 512
 	a := newArena(2 << 20)
-	benchLaunch(b, a, nvc0.KernelLUDInternal, a.put(ludInput(rand.New(rand.NewPCG(5, 6)), n)), n, 0)
+	benchLaunch(b, a, id, a.put(ludInput(rand.New(rand.NewPCG(5, 6)), n)), n, 0)
 }
+
+func BenchmarkLUDDiagonal_512(b *testing.B)  { benchLUD(b, nvc0.KernelLUDDiagonal) }
+func BenchmarkLUDPerimeter_512(b *testing.B) { benchLUD(b, nvc0.KernelLUDPerimeter) }
+func BenchmarkLUDInternal_512(b *testing.B)  { benchLUD(b, nvc0.KernelLUDInternal) }
 
 func BenchmarkNN_42764(b *testing.B) {
 	const n = 42764
@@ -81,7 +87,7 @@ func benchSrad(b *testing.B, id nvc0.KernelID, rows, cols int) {
 	switch id {
 	case nvc0.KernelSradReduce:
 		benchLaunch(b, a, id, bufs[0], a.poison(2), uint64(rows*cols))
-	case nvc0.KernelSradExtract:
+	case nvc0.KernelSradExtract, nvc0.KernelSradCompress:
 		benchLaunch(b, a, id, bufs[0], uint64(rows*cols))
 	case nvc0.KernelSradCoeff:
 		benchLaunch(b, a, id, bufs.params(rows, cols, 0.05)...)
@@ -90,9 +96,12 @@ func benchSrad(b *testing.B, id nvc0.KernelID, rows, cols int) {
 	}
 }
 
-func BenchmarkSradExtract_502x458(b *testing.B) { benchSrad(b, nvc0.KernelSradExtract, 502, 458) }
-func BenchmarkSradReduce_502x458(b *testing.B)  { benchSrad(b, nvc0.KernelSradReduce, 502, 458) }
-func BenchmarkSradCoeff_502x458(b *testing.B)   { benchSrad(b, nvc0.KernelSradCoeff, 502, 458) }
-func BenchmarkSradUpdate_502x458(b *testing.B)  { benchSrad(b, nvc0.KernelSradUpdate, 502, 458) }
-func BenchmarkSradCoeff_2048(b *testing.B)      { benchSrad(b, nvc0.KernelSradCoeff, 2048, 2048) }
-func BenchmarkSradUpdate_2048(b *testing.B)     { benchSrad(b, nvc0.KernelSradUpdate, 2048, 2048) }
+func BenchmarkSradExtract_502x458(b *testing.B)  { benchSrad(b, nvc0.KernelSradExtract, 502, 458) }
+func BenchmarkSradReduce_502x458(b *testing.B)   { benchSrad(b, nvc0.KernelSradReduce, 502, 458) }
+func BenchmarkSradCoeff_502x458(b *testing.B)    { benchSrad(b, nvc0.KernelSradCoeff, 502, 458) }
+func BenchmarkSradUpdate_502x458(b *testing.B)   { benchSrad(b, nvc0.KernelSradUpdate, 502, 458) }
+func BenchmarkSradCompress_502x458(b *testing.B) { benchSrad(b, nvc0.KernelSradCompress, 502, 458) }
+
+// srad2's image.
+func BenchmarkSradCoeff_1024(b *testing.B)  { benchSrad(b, nvc0.KernelSradCoeff, 1024, 1024) }
+func BenchmarkSradUpdate_1024(b *testing.B) { benchSrad(b, nvc0.KernelSradUpdate, 1024, 1024) }
