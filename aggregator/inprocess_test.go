@@ -108,7 +108,7 @@ func runAllWorkloads(t *testing.T, g *guestVM, mode string) {
 	}
 }
 
-var smallParams = workloads.Params{MatrixDim: 32, LoopIterations: 1000, CopyBytes: 5<<20 + 123}
+var smallParams = workloads.Params{MatrixDim: 32, LoopIterations: 1000, CopyBytes: 5<<20 + 123, RodiniaScale: 16}
 
 func TestGuestWorkloadsRunVirtualized(t *testing.T) {
 	for _, mode := range []string{"fv-naive", "fv-lazy"} {

@@ -30,6 +30,9 @@ type Result struct {
 	TotalMinNs  int64            `json:"total_min_ns"`
 	TotalMaxNs  int64            `json:"total_max_ns"`
 	Counters    map[string]any   `json:"counters"`
+	// PhaseCounters, when asked for, splits Counters by the phase in which
+	// they grew (thesis Fig. 4.4, 4.5): phase -> counters per run.
+	PhaseCounters map[string]map[string]any `json:"phase_counters,omitempty"`
 	// VsNative is TotalNs over the native run's TotalNs of the same workload
 	// in the same report (0 when there is none); Published is GPUvm's ratio
 	// for the same mode and workload (thesis Fig. 4.8), when known.
@@ -109,6 +112,17 @@ func shapeCounters(c map[string]uint64) map[string]any {
 // measured runs into a Result. counters, if not nil, is sampled around the
 // measured runs and reported per run.
 func RunWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
+	return runWorkload(ctx, mode, drv, w, runs, counters, progress, false)
+}
+
+// RunWorkloadPhases is RunWorkload that also splits the counters by phase
+// (Result.PhaseCounters): the measured runs sample counters as each phase
+// ends, outside the phase's time.
+func RunWorkloadPhases(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
+	return runWorkload(ctx, mode, drv, w, runs, counters, progress, counters != nil)
+}
+
+func runWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress, byPhase bool) Result {
 	res := Result{Mode: mode, Workload: w.Name(), Runs: runs, Counters: map[string]any{}}
 	if progress == nil {
 		progress = func(string, string, int, int) {}
@@ -123,13 +137,28 @@ func RunWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.
 		before = counters()
 	}
 	var all []workloads.Phases
+	measured := drv
+	phaseSums := map[string]map[string]uint64{}
+	if byPhase {
+		last := before
+		measured = workloads.Observe(drv, func(phase string) {
+			now := counters()
+			if phaseSums[phase] == nil {
+				phaseSums[phase] = map[string]uint64{}
+			}
+			for k, v := range now {
+				phaseSums[phase][k] += v - last[k]
+			}
+			last = now
+		})
+	}
 	for i := 1; i <= runs; i++ {
 		if err := ctx.Err(); err != nil {
 			res.Error = err.Error()
 			return res
 		}
 		progress(mode, w.Name(), i, runs)
-		ph, err := w.Run(drv)
+		ph, err := w.Run(measured)
 		if err != nil {
 			res.Error = fmt.Sprintf("run %d: %v", i, err)
 			if errors.Is(err, workloads.ErrVerify) {
@@ -146,6 +175,15 @@ func RunWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.
 			perRun[k] = (v - before[k]) / uint64(max(runs, 1))
 		}
 		res.Counters = shapeCounters(perRun)
+		if byPhase {
+			res.PhaseCounters = map[string]map[string]any{}
+			for phase, sums := range phaseSums {
+				for k := range sums {
+					sums[k] /= uint64(max(runs, 1))
+				}
+				res.PhaseCounters[phase] = shapeCounters(sums)
+			}
+		}
 	}
 	res.Verified = true
 	summarize(&res, all)

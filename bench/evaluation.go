@@ -220,12 +220,12 @@ func runModeWorkload(ctx context.Context, o EvaluationOptions, mode, wl string, 
 			return nil, err
 		}
 		defer native.Close()
-		return []Result{RunWorkload(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil)}, nil
+		return []Result{RunWorkloadPhases(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil)}, nil
 	}
 	var stderr bytes.Buffer
 	res, err := RunVirtualized(ctx, mode, []string{wl}, o.Runs, o.Params, VirtualOptions{
 		Board: o.Board, Partition: BenchPartition(o.Board.VRAMSize), RAMSize: GuestRAM,
-		Transport: ipc.TransportShm, Command: o.Command, Logger: log, Stderr: &stderr,
+		Transport: ipc.TransportShm, Command: o.Command, Logger: log, Stderr: &stderr, PhaseCounters: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w; VM process said: %s", err, lastLines(stderr.String(), 5))

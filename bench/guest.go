@@ -21,10 +21,16 @@ import (
 // and runs the workloads, taking the vGPU's counters from the aggregator
 // around the measured runs. The report's board is the vGPU the aggregator
 // granted (VGPUBoardInfo), once connected.
-func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (rep Report, err error) {
+//
+// With byPhase the counters are also split by phase (RunWorkloadPhases).
+func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, byPhase bool, progress Progress) (rep Report, err error) {
 	rep.Warmup = 1
+	run := RunWorkload
+	if byPhase {
+		run = RunWorkloadPhases
+	}
 	if config.Mode(cfg.Mode).IsPVDRM() {
-		return runPVDRMGuest(ctx, cfg, names, runs, params, progress)
+		return runPVDRMGuest(ctx, cfg, names, runs, params, run, progress)
 	}
 	dev, err := devmodel.Connect(ctx, cfg)
 	if err != nil {
@@ -51,7 +57,7 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		if err != nil {
 			return rep, err
 		}
-		res := RunWorkload(ctx, cfg.Mode, gdev.Nouveau(drv), w, runs, counters, progress)
+		res := run(ctx, cfg.Mode, gdev.Nouveau(drv), w, runs, counters, progress)
 		if res.Error != "" && dev.Err() != nil {
 			res.Error += fmt.Sprintf(" (device: %v)", dev.Err())
 		}
@@ -59,6 +65,9 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 	}
 	return rep, nil
 }
+
+// runFunc is RunWorkload or RunWorkloadPhases.
+type runFunc func(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result
 
 // DriverPVMode is the guest driver's para-virtual mode for a virtualization
 // mode: hypercalls one per update (pv-naive), batched (pv-multicall), or
@@ -95,7 +104,7 @@ const roundTrips = 2000
 // (counters ring_round_trip_ns and mmio_round_trip_ns), and it reports
 // the front end's own counts (front_requests, front_notifications,
 // front_maps: shares it mapped).
-func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, progress Progress) (rep Report, err error) {
+func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, run runFunc, progress Progress) (rep Report, err error) {
 	rep.Warmup = 1
 	fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
 	if err != nil {
@@ -123,7 +132,7 @@ func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, run
 		if err != nil {
 			return rep, err
 		}
-		res := RunWorkload(ctx, cfg.Mode, drv, w, runs, counters, progress)
+		res := run(ctx, cfg.Mode, drv, w, runs, counters, progress)
 		res.Counters["ring_round_trip_ns"], res.Counters["mmio_round_trip_ns"] = ring.Nanoseconds(), mmio.Nanoseconds()
 		rep.Results = append(rep.Results, res)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // smallParams keeps every workload quick enough for -race.
-var smallParams = workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 9<<20 + 4096 + 100}
+var smallParams = workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 9<<20 + 4096 + 100, RodiniaScale: 16}
 
 func TestNativeAllWorkloadsVerify(t *testing.T) {
 	cfg := sim.DefaultConfig()

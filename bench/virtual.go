@@ -43,6 +43,9 @@ type VirtualOptions struct {
 	PollDoorbells bool
 	Command       VMCommand
 	Logger        *slog.Logger
+	// PhaseCounters has the VM split its counters by phase
+	// (Result.PhaseCounters).
+	PhaseCounters bool
 	// Stderr receives the VM process's standard error, its progress and
 	// log (default os.Stderr).
 	Stderr io.Writer
@@ -78,13 +81,17 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 	args := []string{"devmodel", "--socket", sock, "--mode", mode, "--domid", "1", "--name", "bench-vm",
 		"--workloads", strings.Join(names, ","), "--runs", strconv.Itoa(runs), "--json",
 		"--matrix-dim", strconv.Itoa(params.MatrixDim), "--loop-iterations", strconv.FormatUint(params.LoopIterations, 10),
-		"--copy-size", strconv.FormatUint(params.CopyBytes, 10), "--ram", strconv.FormatUint(opts.RAMSize, 10),
+		"--copy-size", strconv.FormatUint(params.CopyBytes, 10), "--rodinia-scale", strconv.Itoa(max(params.RodiniaScale, 1)),
+		"--ram", strconv.FormatUint(opts.RAMSize, 10),
 		"--transport", opts.Transport.String()}
 	if opts.TrapCostSet {
 		args = append(args, "--trap-cost", opts.TrapCost.String())
 	}
 	if opts.PostedWrites {
 		args = append(args, "--posted-writes")
+	}
+	if opts.PhaseCounters {
+		args = append(args, "--phase-counters")
 	}
 	cmd := opts.Command(ctx, args)
 	var out bytes.Buffer

@@ -103,9 +103,25 @@ func fig49(f *figures, ev bench.Evaluation) {
 	}
 }
 
-// counterBars draws one counter of two modes side by side per workload;
-// the scale is logarithmic when every value is positive.
+// counterBars draws one counter of several modes side by side per
+// workload; the scale is logarithmic when every value is positive.
 func counterBars(ev bench.Evaluation, title, ylabel string, series []counterSeries) chart {
+	rs := make([]resultSeries, len(series))
+	for i, s := range series {
+		rs[i] = resultSeries{s.label, s.mode, func(res bench.Result) uint64 { return s.value(res.Counters) }}
+	}
+	return resultBars(ev, title, ylabel, rs)
+}
+
+// resultSeries is one mode's value per result in resultBars.
+type resultSeries struct {
+	label, mode string
+	value       func(bench.Result) uint64
+}
+
+// resultBars draws a value of several modes side by side per workload; the
+// scale is logarithmic when every value is positive.
+func resultBars(ev bench.Evaluation, title, ylabel string, series []resultSeries) chart {
 	var bars []svgplot.Bar
 	logScale := true
 	for _, wl := range workloadsOf(ev.Modes) {
@@ -114,7 +130,7 @@ func counterBars(ev bench.Evaluation, title, ylabel string, series []counterSeri
 			if !ok || !res.Verified {
 				continue
 			}
-			v := float64(s.value(res.Counters))
+			v := float64(s.value(res))
 			if v <= 0 {
 				logScale = false
 			}
@@ -155,25 +171,59 @@ func fig43(f *figures, ev bench.Evaluation) {
 		}))
 }
 
-// fig44 is the thesis' Fig. 4.4: BAR0, BAR1 and BAR3 accesses per run (all
-// of them trap in fv-naive).
-func fig44(f *figures, ev bench.Evaluation) {
-	f.add("fig4.4-bar-accesses.svg", "Fig. 4.4: BAR0, BAR1 and BAR3 accesses per run, all trapped (fv-naive).",
-		counterBars(ev, "BAR accesses per run (fv-naive)", "accesses per run", []counterSeries{
-			{"BAR0", "fv-naive", traps("bar0")},
-			{"BAR1", "fv-naive", traps("bar1")},
-			{"BAR3", "fv-naive", traps("bar3")},
-		}))
+// thesisPhases are the phases of Fig. 4.4 and 4.5 and the run phases
+// each is made of: the thesis' compute is our htod, launch and dtoh.
+func thesisPhases() []struct {
+	name string
+	of   []string
+} {
+	return []struct {
+		name string
+		of   []string
+	}{
+		{"init", []string{workloads.PhaseInit}},
+		{"compute", []string{workloads.PhaseHtoD, workloads.PhaseLaunch, workloads.PhaseDtoH}},
+		{"close", []string{workloads.PhaseClose}},
+	}
 }
 
-// fig45 is the thesis' Fig. 4.5: BAR3 traps per run without and with BAR
-// remap.
+// phaseTraps sums a BAR's traps (reads and writes) over the given run
+// phases of a result's per-phase counters.
+func phaseTraps(bar string, phases []string) func(bench.Result) uint64 {
+	return func(res bench.Result) uint64 {
+		var n uint64
+		for _, ph := range phases {
+			r, w := bench.TrapCounts(res.PhaseCounters[ph], bar+"_traps")
+			n += r + w
+		}
+		return n
+	}
+}
+
+// fig44 is the thesis' Fig. 4.4: BAR0, BAR1 and BAR3 accesses per run in
+// each phase (init, compute, close), counted as traps in fv-naive, where
+// every access traps.
+func fig44(f *figures, ev bench.Evaluation) {
+	for _, ph := range thesisPhases() {
+		f.add("fig4.4-bar-accesses-"+ph.name+".svg", "Fig. 4.4 ("+ph.name+"): BAR0, BAR1 and BAR3 accesses per run in the "+ph.name+" phase, all trapped (fv-naive).",
+			resultBars(ev, "BAR accesses per run, "+ph.name+" phase (fv-naive)", "accesses per run", []resultSeries{
+				{"BAR0", "fv-naive", phaseTraps("bar0", ph.of)},
+				{"BAR1", "fv-naive", phaseTraps("bar1", ph.of)},
+				{"BAR3", "fv-naive", phaseTraps("bar3", ph.of)},
+			}))
+	}
+}
+
+// fig45 is the thesis' Fig. 4.5: BAR3 traps per run in each phase without
+// and with BAR remap.
 func fig45(f *figures, ev bench.Evaluation) {
-	f.add("fig4.5-bar3-traps.svg", "Fig. 4.5: BAR3 traps per run without BAR remap (fv-naive) and with it (fv-bar-remap).",
-		counterBars(ev, "BAR3 traps per run, with and without BAR remap", "traps per run", []counterSeries{
-			{"without remap (fv-naive)", "fv-naive", traps("bar3")},
-			{"with remap (fv-bar-remap)", "fv-bar-remap", traps("bar3")},
-		}))
+	for _, ph := range thesisPhases() {
+		f.add("fig4.5-bar3-traps-"+ph.name+".svg", "Fig. 4.5 ("+ph.name+"): BAR3 traps per run in the "+ph.name+" phase without BAR remap (fv-naive) and with it (fv-bar-remap).",
+			resultBars(ev, "BAR3 traps per run, "+ph.name+" phase", "traps per run", []resultSeries{
+				{"without remap (fv-naive)", "fv-naive", phaseTraps("bar3", ph.of)},
+				{"with remap (fv-bar-remap)", "fv-bar-remap", phaseTraps("bar3", ph.of)},
+			}))
+	}
 }
 
 // fig410 is the thesis' Fig. 4.10: the mean phase times of 1, 2, 4 and 8

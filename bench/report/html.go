@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/bench"
+	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
 // Files written by Write, relative to its directory.
@@ -63,6 +64,17 @@ type page struct {
 }
 
 type kv struct{ K, V string }
+
+// rodiniaSizes describes the Rodinia-like workloads' inputs at p's scale.
+func rodiniaSizes(p workloads.Params) string {
+	var parts []string
+	for _, n := range []string{"bp", "hs", "lud", "nn", "srad", "srad2"} {
+		if w, err := workloads.New(n, p); err == nil {
+			parts = append(parts, n+": "+w.Description())
+		}
+	}
+	return fmt.Sprintf("scale 1/%d; ", max(p.RodiniaScale, 1)) + strings.Join(parts, "; ")
+}
 
 // gib prints a byte count in GiB.
 func gib(n uint64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
@@ -121,6 +133,7 @@ func Render(ev bench.Evaluation, figs figures) ([]byte, error) {
 			{"matrix dimension (madd, mmul, fmadd, fmmul)", fmt.Sprint(ev.Params.MatrixDim)},
 			{"loop iterations", fmt.Sprint(ev.Params.LoopIterations)},
 			{"copy size (cpy, pincpy)", fmt.Sprintf("%d bytes", ev.Params.CopyBytes)},
+			{"Rodinia-like workloads (bp, hs, lud, nn, srad, srad2)", rodiniaSizes(ev.Params)},
 			{"fairness and overhead runs (Fig. 4.11-4.13)", fmt.Sprintf("timing %s; madd %d×%d, long-madd %d kernels per submission", ev.FairnessTiming, ev.FairnessMatrixDim, ev.FairnessMatrixDim, ev.FairnessRepeat)},
 			{"contexts (Fig. 4.10)", fmt.Sprintf("timing %s; madd %d×%d, kernel run %d times per instance", ev.ContextsTiming, ev.Contexts.MatrixDim, ev.Contexts.MatrixDim, ev.Contexts.Repeat)},
 		},

@@ -46,6 +46,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices of madd, mmul, fmadd, fmmul"},
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
+			&cli.IntFlag{Name: "rodinia-scale", Value: 1, Usage: "divide the linear input sizes of bp, hs, lud, nn, srad and srad2 by this (1: Rodinia's sizes)"},
 			&cli.StringFlag{Name: "vram", Value: "6GiB", Usage: "VRAM of the simulated board"},
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml) for the board; explicit flags override it"},
 			&cli.PathFlag{Name: "svg", Usage: "write a chart of each mode's time normalised to native (vs-native.svg) to this directory"},
@@ -117,7 +118,7 @@ func runBench(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize, RodiniaScale: c.Int("rodinia-scale")}
 	var wls []workloads.Workload
 	for _, n := range names {
 		w, err := workloads.New(n, params)

@@ -46,9 +46,11 @@ func devmodelCommand() *cli.Command {
 			&cli.StringFlag{Name: "workloads", Aliases: []string{"w"}, Value: "nop", Usage: "comma-separated workloads, or all"},
 			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Value: 1, Usage: "measured runs per workload (after one warm-up run)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the results as a JSON list"},
+			&cli.BoolFlag{Name: "phase-counters", Usage: "also split each result's counters by the phase they grew in (phase_counters; thesis Fig. 4.4, 4.5)"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices"},
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
+			&cli.IntFlag{Name: "rodinia-scale", Value: 1, Usage: "divide the linear input sizes of bp, hs, lud, nn, srad and srad2 by this (1: Rodinia's sizes)"},
 			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission; with --contexts, kernel runs per instance"},
@@ -90,7 +92,7 @@ func runDevmodel(c *cli.Context) error {
 		if c.IsSet("covert") || c.IsSet("fairness") {
 			return usageError("--hold: runs workloads, not --covert or --fairness")
 		}
-		params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+		params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize, RodiniaScale: c.Int("rodinia-scale")}
 		return runHeld(c, cfg, names, params)
 	}
 	if c.IsSet("covert") {
@@ -113,9 +115,9 @@ func runDevmodel(c *cli.Context) error {
 		}
 		return nil
 	}
-	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize, RodiniaScale: c.Int("rodinia-scale")}
 	progress := newProgress(c.App.ErrWriter)
-	rep, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, progress.update)
+	rep, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, c.Bool("phase-counters"), progress.update)
 	results := rep.Results
 	progress.done()
 	err = noDaemonHint(err, "gpuvm serve", "--socket")

@@ -80,6 +80,7 @@ func guestCommand() *cli.Command {
 			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices"},
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
 			&cli.StringFlag{Name: "copy-size", Value: "64MiB", Usage: "bytes moved each way by cpy and pincpy"},
+			&cli.IntFlag{Name: "rodinia-scale", Value: 1, Usage: "divide the linear input sizes of bp, hs, lud, nn, srad and srad2 by this (1: Rodinia's sizes)"},
 			&cli.IntFlag{Name: "round-trips", Value: guestRoundTrips, Usage: "PMC_BOOT_0 reads timed before the workloads (0: none)"},
 			&cli.BoolFlag{Name: "no-fill", Usage: "clear objects word by word, one trap per word, instead of one REP STOSL per up to 4096 words"},
 		},
@@ -137,7 +138,7 @@ func parseGuestFlags(c *cli.Context) (*guestFlags, error) {
 	if err != nil {
 		return nil, usageError("--copy-size: %v", err)
 	}
-	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize}
+	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize, RodiniaScale: c.Int("rodinia-scale")}
 	for _, name := range names {
 		w, err := workloads.New(name, params)
 		if err != nil {

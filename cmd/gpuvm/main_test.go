@@ -34,7 +34,7 @@ func runApp(t *testing.T, args ...string) (stdout, stderr string, err error) {
 // every workload reports verified with the documented JSON shape.
 func TestBenchJSONAllWorkloads(t *testing.T) {
 	out, stderr, err := runApp(t, "bench", "--mode", "native", "--workloads", "all", "--runs", "2",
-		"--timing", "none", "--json", "--matrix-dim", "48", "--loop-iterations", "1000", "--copy-size", "5MiB", "--vram", "768MiB")
+		"--timing", "none", "--json", "--matrix-dim", "48", "--loop-iterations", "1000", "--copy-size", "5MiB", "--rodinia-scale", "16", "--vram", "768MiB")
 	if err != nil {
 		t.Fatalf("bench: %v\nstderr:\n%s", err, stderr)
 	}
@@ -55,7 +55,7 @@ func TestBenchJSONAllWorkloads(t *testing.T) {
 	if rep.Board["kind"] != "sim" || rep.Board["timing"] != "none" {
 		t.Errorf("board = %v", rep.Board)
 	}
-	want := []string{"nop", "loop", "madd", "mmul", "fmadd", "fmmul", "cpy", "pincpy"}
+	want := []string{"nop", "loop", "madd", "mmul", "fmadd", "fmmul", "cpy", "pincpy", "bp", "hs", "lud", "nn", "srad", "srad2"}
 	if len(rep.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(rep.Results), len(want))
 	}
@@ -358,7 +358,7 @@ func TestBenchPVDRMModes(t *testing.T) {
 		t.Skip("the pvdrm bench runs in the full suite; -short keeps the in-process pvdrm tests")
 	}
 	results := benchResults(t, "--mode", "native,pvdrm,pvdrm-pooling", "--workloads", "all", "--runs", "2",
-		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "16MiB", "--loop-iterations", "1000", "--vram", "3GiB")
+		"--timing", "none", "--json", "--matrix-dim", "32", "--copy-size", "16MiB", "--loop-iterations", "1000", "--rodinia-scale", "16", "--vram", "3GiB")
 	shares := map[string]float64{}
 	for _, r := range results {
 		if !r.Verified {

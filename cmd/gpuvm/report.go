@@ -47,7 +47,7 @@ func fullSizes() reportSizes {
 // quickSizes are CI's: every experiment and figure, on small inputs.
 func quickSizes() reportSizes {
 	return reportSizes{
-		params: workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 256 << 10}, runs: 1,
+		params: workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 256 << 10, RodiniaScale: 16}, runs: 1,
 		contextCounts: []int{1, 2, 4}, contextDim: 64, contextRep: 10,
 		fairVMs: []int{2}, fairPolicies: []string{"fifo", "credit", "band"}, fairDuration: 1500 * time.Millisecond,
 	}
@@ -250,8 +250,8 @@ func reportCommands(modes, names []string, board, fairBoard sim.Config, sz repor
 	}
 	cmds := []string{"gpuvm " + strings.Join(quoteArgs(os.Args[1:]), " ")}
 	cmds = append(cmds,
-		fmt.Sprintf("gpuvm bench --mode %s -w %s --runs %d --timing %s --matrix-dim %d --loop-iterations %d --copy-size %d --json",
-			strings.Join(modes, ","), strings.Join(names, ","), sz.runs, board.Timing.Name, sz.params.MatrixDim, sz.params.LoopIterations, sz.params.CopyBytes),
+		fmt.Sprintf("gpuvm bench --mode %s -w %s --runs %d --timing %s --matrix-dim %d --loop-iterations %d --copy-size %d --rodinia-scale %d --json",
+			strings.Join(modes, ","), strings.Join(names, ","), sz.runs, board.Timing.Name, sz.params.MatrixDim, sz.params.LoopIterations, sz.params.CopyBytes, max(sz.params.RodiniaScale, 1)),
 		fmt.Sprintf("gpuvm bench fairness --vms %s --policy %s --duration %v --timing %s --json",
 			join(sz.fairVMs), strings.Join(sz.fairPolicies, ","), sz.fairDuration, fairBoard.Timing.Name))
 	return cmds

@@ -18,7 +18,12 @@ var ErrVerify = errors.New("result differs from the host reference")
 // runCtx wraps one run: it creates the context (the init phase starts here)
 // and always closes it, folding a close error into the run's error.
 func runCtx(drv gdev.Driver, body func(ctx *gdev.Context, t *timer, ph *Phases) error) (ph Phases, err error) {
+	var obs PhaseObserver
+	if o, ok := drv.(observedDriver); ok {
+		obs = o.obs
+	}
 	t := newTimer()
+	t.ph, t.obs = &ph, obs
 	ctx, err := gdev.NewContextOn(drv)
 	if err != nil {
 		return ph, err
@@ -26,6 +31,7 @@ func runCtx(drv gdev.Driver, body func(ctx *gdev.Context, t *timer, ph *Phases) 
 	err = body(ctx, t, &ph)
 	if err != nil {
 		t = newTimer()
+		t.ph, t.obs = &ph, obs
 	}
 	cerr := ctx.Close()
 	t.lap(&ph.Close)

@@ -84,17 +84,8 @@ func (p Phases) Total() time.Duration { return p.Init + p.HtoD + p.Launch + p.Dt
 
 // Get returns the named phase.
 func (p Phases) Get(name string) time.Duration {
-	switch name {
-	case PhaseInit:
-		return p.Init
-	case PhaseHtoD:
-		return p.HtoD
-	case PhaseLaunch:
-		return p.Launch
-	case PhaseDtoH:
-		return p.DtoH
-	case PhaseClose:
-		return p.Close
+	if f := p.field(name); f != nil {
+		return *f
 	}
 	return 0
 }
@@ -240,8 +231,13 @@ func trim(s string) string {
 	return s
 }
 
-// timer measures consecutive phases.
-type timer struct{ last time.Time }
+// timer measures consecutive phases of a run into ph, telling obs (if not
+// nil) as each one ends.
+type timer struct {
+	last time.Time
+	ph   *Phases
+	obs  PhaseObserver
+}
 
 func newTimer() *timer { return &timer{last: time.Now()} }
 
@@ -249,6 +245,7 @@ func (t *timer) lap(d *time.Duration) {
 	now := time.Now()
 	*d = now.Sub(t.last)
 	t.last = now
+	t.observe(d)
 }
 
 // add adds the time since the last lap to *d: for a phase a run enters more
@@ -257,6 +254,58 @@ func (t *timer) add(d *time.Duration) {
 	now := time.Now()
 	*d += now.Sub(t.last)
 	t.last = now
+	t.observe(d)
+}
+
+// observe tells the observer that the phase d is ended; the observer's own
+// time is left out of every phase.
+func (t *timer) observe(d *time.Duration) {
+	if t.obs == nil || t.ph == nil {
+		return
+	}
+	for _, name := range PhaseNames() {
+		if t.ph.field(name) == d {
+			t.obs(name)
+			break
+		}
+	}
+	t.last = time.Now()
+}
+
+// PhaseObserver is told the name of each phase of a run as it ends.
+type PhaseObserver func(phase string)
+
+// observedDriver is a driver whose workload runs tell obs as each phase
+// ends (see Observe).
+type observedDriver struct {
+	gdev.Driver
+	obs PhaseObserver
+}
+
+// Observe returns drv with obs attached: a workload run on the returned
+// driver calls obs with the name of each phase as it ends (a phase a run
+// enters more than once, each time), after timing it, so that obs's own
+// time counts in no phase. The benchmarks use it to attribute trap counts
+// to phases (thesis Fig. 4.4, 4.5).
+func Observe(drv gdev.Driver, obs PhaseObserver) gdev.Driver {
+	return observedDriver{Driver: drv, obs: obs}
+}
+
+// field returns the address of the named phase.
+func (p *Phases) field(name string) *time.Duration {
+	switch name {
+	case PhaseInit:
+		return &p.Init
+	case PhaseHtoD:
+		return &p.HtoD
+	case PhaseLaunch:
+		return &p.Launch
+	case PhaseDtoH:
+		return &p.DtoH
+	case PhaseClose:
+		return &p.Close
+	}
+	return nil
 }
 
 // skip restarts the clock, leaving the time since the last lap out of every phase.
