@@ -112,25 +112,33 @@ func shapeCounters(c map[string]uint64) map[string]any {
 // measured runs into a Result. counters, if not nil, is sampled around the
 // measured runs and reported per run.
 func RunWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
-	return runWorkload(ctx, mode, drv, w, runs, counters, progress, false)
+	return RunWorkloadWith(ctx, mode, drv, w, runs, counters, progress, RunOptions{})
 }
 
-// RunWorkloadPhases is RunWorkload that also splits the counters by phase
-// (Result.PhaseCounters): the measured runs sample counters as each phase
-// ends, outside the phase's time.
-func RunWorkloadPhases(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
-	return runWorkload(ctx, mode, drv, w, runs, counters, progress, counters != nil)
+// RunOptions are RunWorkloadWith's optional behaviours.
+type RunOptions struct {
+	// PhaseCounters also splits the counters by phase
+	// (Result.PhaseCounters): the measured runs sample the counters as
+	// each phase ends, outside the phase's time.
+	PhaseCounters bool
+	// NoWarmup leaves out the warm-up run (a smoke run's saving; the first
+	// measured run then pays for what a warm-up would have).
+	NoWarmup bool
 }
 
-func runWorkload(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress, byPhase bool) Result {
+// RunWorkloadWith is RunWorkload with options.
+func RunWorkloadWith(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress, opts RunOptions) Result {
+	byPhase := opts.PhaseCounters && counters != nil
 	res := Result{Mode: mode, Workload: w.Name(), Runs: runs, Counters: map[string]any{}}
 	if progress == nil {
 		progress = func(string, string, int, int) {}
 	}
-	progress(mode, w.Name(), 0, runs)
-	if _, err := w.Run(drv); err != nil {
-		res.Error = fmt.Sprintf("warm-up: %v", err)
-		return res
+	if !opts.NoWarmup {
+		progress(mode, w.Name(), 0, runs)
+		if _, err := w.Run(drv); err != nil {
+			res.Error = fmt.Sprintf("warm-up: %v", err)
+			return res
+		}
 	}
 	var before map[string]uint64
 	if counters != nil {

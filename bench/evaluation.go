@@ -31,7 +31,9 @@ type EvaluationOptions struct {
 	Modes     []string // modes of Fig. 4.8/4.9, native first
 	Workloads []string
 	Runs      int
-	Params    workloads.Params
+	// NoWarmup leaves out each workload's warm-up run (--quick).
+	NoWarmup bool
+	Params   workloads.Params
 	// Contexts and Fairness configure Fig. 4.10 and Fig. 4.11-4.13 (each
 	// with its own board); their Command, Logger and Progress are filled in.
 	Contexts ContextsOptions
@@ -126,6 +128,9 @@ func RunEvaluation(ctx context.Context, o EvaluationOptions) (Evaluation, error)
 		Commands: o.Commands, Params: o.Params, FairnessTiming: o.Fairness.Board.Timing.Name, ContextsTiming: o.Contexts.Board.Timing.Name,
 		FairnessMatrixDim: o.Fairness.MatrixDim, FairnessRepeat: o.Fairness.Repeat}
 	ev.Modes = Report{Board: BoardInfoFor(o.Board), Warmup: 1}
+	if o.NoWarmup {
+		ev.Modes.Warmup = 0
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -137,7 +142,7 @@ func RunEvaluation(ctx context.Context, o EvaluationOptions) (Evaluation, error)
 		for _, wl := range o.Workloads {
 			steps = append(steps, step{
 				msg:    fmt.Sprintf("%s %s", mode, wl),
-				weight: modeWeight(mode) * float64(o.Runs+1),
+				weight: modeWeight(mode) * float64(o.Runs+ev.Modes.Warmup),
 				run: func(ctx context.Context) error {
 					res, err := runModeWorkload(ctx, o, mode, wl, log)
 					if err != nil {
@@ -201,6 +206,12 @@ func RunEvaluation(ctx context.Context, o EvaluationOptions) (Evaluation, error)
 	return ev, nil
 }
 
+// runOptions are the options of every workload run: counters by phase, and
+// no warm-up when the options say so.
+func (o EvaluationOptions) runOptions() RunOptions {
+	return RunOptions{PhaseCounters: true, NoWarmup: o.NoWarmup}
+}
+
 func (o EvaluationOptions) progress(msg string, done, total float64) {
 	if o.Progress != nil {
 		o.Progress(msg, done, total)
@@ -220,12 +231,12 @@ func runModeWorkload(ctx context.Context, o EvaluationOptions, mode, wl string, 
 			return nil, err
 		}
 		defer native.Close()
-		return []Result{RunWorkloadPhases(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil)}, nil
+		return []Result{RunWorkloadWith(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil, o.runOptions())}, nil
 	}
 	var stderr bytes.Buffer
 	res, err := RunVirtualized(ctx, mode, []string{wl}, o.Runs, o.Params, VirtualOptions{
 		Board: o.Board, Partition: BenchPartition(o.Board.VRAMSize), RAMSize: GuestRAM,
-		Transport: ipc.TransportShm, Command: o.Command, Logger: log, Stderr: &stderr, PhaseCounters: true,
+		Transport: ipc.TransportShm, Command: o.Command, Logger: log, Stderr: &stderr, Run: o.runOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w; VM process said: %s", err, lastLines(stderr.String(), 5))

@@ -21,16 +21,20 @@ import (
 // and runs the workloads, taking the vGPU's counters from the aggregator
 // around the measured runs. The report's board is the vGPU the aggregator
 // granted (VGPUBoardInfo), once connected.
-//
-// With byPhase the counters are also split by phase (RunWorkloadPhases).
-func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, byPhase bool, progress Progress) (rep Report, err error) {
-	rep.Warmup = 1
-	run := RunWorkload
-	if byPhase {
-		run = RunWorkloadPhases
+// opts are each workload's RunWorkloadWith options.
+func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, opts RunOptions, progress Progress) (rep Report, err error) {
+	warmup := 1
+	if opts.NoWarmup {
+		warmup = 0
+	}
+	rep.Warmup = warmup
+	run := func(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result {
+		return RunWorkloadWith(ctx, mode, drv, w, runs, counters, progress, opts)
 	}
 	if config.Mode(cfg.Mode).IsPVDRM() {
-		return runPVDRMGuest(ctx, cfg, names, runs, params, run, progress)
+		rep, err = runPVDRMGuest(ctx, cfg, names, runs, params, run, progress)
+		rep.Warmup = warmup
+		return rep, err
 	}
 	dev, err := devmodel.Connect(ctx, cfg)
 	if err != nil {
@@ -66,7 +70,7 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 	return rep, nil
 }
 
-// runFunc is RunWorkload or RunWorkloadPhases.
+// runFunc runs one workload (RunWorkload with the guest's options).
 type runFunc func(ctx context.Context, mode string, drv gdev.Driver, w workloads.Workload, runs int, counters CounterSource, progress Progress) Result
 
 // DriverPVMode is the guest driver's para-virtual mode for a virtualization
@@ -105,7 +109,6 @@ const roundTrips = 2000
 // the front end's own counts (front_requests, front_notifications,
 // front_maps: shares it mapped).
 func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, run runFunc, progress Progress) (rep Report, err error) {
-	rep.Warmup = 1
 	fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
 	if err != nil {
 		return rep, err

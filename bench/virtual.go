@@ -43,9 +43,9 @@ type VirtualOptions struct {
 	PollDoorbells bool
 	Command       VMCommand
 	Logger        *slog.Logger
-	// PhaseCounters has the VM split its counters by phase
-	// (Result.PhaseCounters).
-	PhaseCounters bool
+	// Run are the VM's options for each workload (phase counters, no
+	// warm-up).
+	Run RunOptions
 	// Stderr receives the VM process's standard error, its progress and
 	// log (default os.Stderr).
 	Stderr io.Writer
@@ -90,8 +90,11 @@ func RunVirtualized(ctx context.Context, mode string, names []string, runs int, 
 	if opts.PostedWrites {
 		args = append(args, "--posted-writes")
 	}
-	if opts.PhaseCounters {
+	if opts.Run.PhaseCounters {
 		args = append(args, "--phase-counters")
+	}
+	if opts.Run.NoWarmup {
+		args = append(args, "--no-warmup")
 	}
 	cmd := opts.Command(ctx, args)
 	var out bytes.Buffer

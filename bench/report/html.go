@@ -139,7 +139,7 @@ func Render(ev bench.Evaluation, figs figures) ([]byte, error) {
 		},
 	}
 	if len(ev.Modes.Results) > 0 {
-		p.Params = append(p.Params, kv{"measured runs per workload (after one warm-up)", fmt.Sprint(ev.Modes.Results[0].Runs)})
+		p.Params = append(p.Params, kv{"measured runs per workload", fmt.Sprintf("%d, after %d warm-up run(s)", ev.Modes.Results[0].Runs, ev.Modes.Warmup)})
 	}
 	var keys []string
 	for k := range ev.Modes.Board.TimingInfo {

@@ -44,8 +44,9 @@ func devmodelCommand() *cli.Command {
 			&cli.DurationFlag{Name: "trap-cost", Usage: "charge this much per trapped access: the hypervisor's share of a trap (VM exit, ioreq delivery) that runs without Xen do not pay; 0 = none (default: the aggregator's timing profile, e.g. 5us for fermi-xen)"},
 			&cli.BoolFlag{Name: "posted-writes", Usage: "let trapped writes return before the aggregator handled them (by default a write completes first, as a Xen ioreq does)"},
 			&cli.StringFlag{Name: "workloads", Aliases: []string{"w"}, Value: "nop", Usage: "comma-separated workloads, or all"},
-			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Value: 1, Usage: "measured runs per workload (after one warm-up run)"},
+			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Value: 1, Usage: "measured runs per workload (after one warm-up run, unless --no-warmup)"},
 			&cli.BoolFlag{Name: "json", Usage: "print the results as a JSON list"},
+			&cli.BoolFlag{Name: "no-warmup", Usage: "leave out the warm-up run before each workload's measured runs"},
 			&cli.BoolFlag{Name: "phase-counters", Usage: "also split each result's counters by the phase they grew in (phase_counters; thesis Fig. 4.4, 4.5)"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 1024, Usage: "n of the n×n matrices"},
 			&cli.Uint64Flag{Name: "loop-iterations", Value: 1 << 24, Usage: "iterations of the loop kernel"},
@@ -117,7 +118,8 @@ func runDevmodel(c *cli.Context) error {
 	}
 	params := workloads.Params{MatrixDim: c.Int("matrix-dim"), LoopIterations: c.Uint64("loop-iterations"), CopyBytes: copySize, RodiniaScale: c.Int("rodinia-scale")}
 	progress := newProgress(c.App.ErrWriter)
-	rep, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params, c.Bool("phase-counters"), progress.update)
+	rep, err := bench.RunGuest(c.Context, cfg, names, c.Int("runs"), params,
+		bench.RunOptions{PhaseCounters: c.Bool("phase-counters"), NoWarmup: c.Bool("no-warmup")}, progress.update)
 	results := rep.Results
 	progress.done()
 	err = noDaemonHint(err, "gpuvm serve", "--socket")
