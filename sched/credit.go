@@ -76,8 +76,13 @@ func (c *credits) added(v *vm, now time.Duration) {
 }
 
 // pick returns the VM to release next: round-robin from the cursor among
-// VMs with queued work and positive credit, else (work-conserving) among
-// all VMs with queued work; nil if nothing is queued.
+// VMs with queued work and positive credit, else (work-conserving) the
+// queued VM least in debt (the first in round-robin order among equals); nil
+// if nothing is queued. Taking the least-indebted rather than the next in
+// round-robin order matters when every VM is over its share — with 8 VMs a
+// 15 ms long-madd submission exceeds a 12.5 ms share, so that is common —
+// because a round-robin of submissions hands each VM one submission, i.e.
+// GPU time in proportion to its submission size.
 func (c *credits) pick() *vm {
 	var fallback *vm
 	first, second := c.rotation()
@@ -89,7 +94,7 @@ func (c *credits) pick() *vm {
 			if v.credit > 0 {
 				return v
 			}
-			if fallback == nil {
+			if fallback == nil || v.credit > fallback.credit {
 				fallback = v
 			}
 		}

@@ -257,7 +257,7 @@ func registry() []registration {
 		{"fifo", func(Params) Policy { return newFIFO() }},
 		{"credit", func(p Params) Policy { return newCredit(p) }},
 		{"band", func(p Params) Policy { return newBand(p) }},
-		{"wfq", func(Params) Policy { return newWFQ() }},
+		{"wfq", func(p Params) Policy { return newWFQ(p) }},
 		{"timeslice", func(p Params) Policy { return newTimeslice(p) }},
 		{"dfq", func(p Params) Policy { return newDFQ(p) }},
 		{"strict", func(p Params) Policy { return newStrict(p) }},

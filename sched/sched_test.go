@@ -191,7 +191,8 @@ func steadyMinJain(ws WindowStats) float64 {
 }
 
 // TestMaddLongMadd reproduces thesis Fig. 4.11: over 500 ms windows BAND is
-// fair in the 2-, 4- and 8-VM cases; CREDIT is unfair with 2 VMs (when the
+// fair in the 2-, 4- and 8-VM cases, and so is WFQ thanks to its
+// anticipation window (without it, 2-VM WFQ was FIFO: Jain 0.566); CREDIT is unfair with 2 VMs (when the
 // madd kernel completes only long-madd is queued, so CREDIT dispatches it
 // without credit) but fair with 4 and 8; FIFO is unfair in all cases.
 func TestMaddLongMadd(t *testing.T) {
@@ -201,12 +202,28 @@ func TestMaddLongMadd(t *testing.T) {
 		for _, name := range Names() {
 			r := mustSim(t, mustNew(t, name, Params{}), maddLoads(n), 10*time.Second, opt)
 			res[name] = r
-			t.Logf("%dVM %-9s Jain overall %.3f, 500ms windows min %.3f mean %.3f, 100ms windows min %.3f mean %.3f, GPU busy %.1f%%",
+			t.Logf("%dVM %-9s Jain overall %.3f, 500ms windows min %.3f mean %.3f, 100ms windows min %.3f mean %.3f; min/max run %.3f 500ms %.3f 100ms %.3f; GPU busy %.1f%%",
 				n, name, r.Jain, steadyMinJain(r.Windows[0]), r.Windows[0].MeanJain,
-				steadyMinJain(r.Windows[1]), r.Windows[1].MeanJain, 100*r.Busy.Seconds()/r.Duration.Seconds())
+				steadyMinJain(r.Windows[1]), r.Windows[1].MeanJain,
+				r.MinMax, r.Windows[0].MeanMinMax, r.Windows[1].MeanMinMax, 100*r.Busy.Seconds()/r.Duration.Seconds())
 		}
-		if j := steadyMinJain(res["band"].Windows[0]); j < 0.95 {
-			t.Errorf("%dVM: BAND min Jain over 500 ms windows %.3f < 0.95", n, j)
+		// BAND and WFQ (with its anticipation window): fair over 500 ms
+		// windows by Jain, and by the strict measure over the run.
+		for _, name := range []string{"band", "wfq"} {
+			if j := steadyMinJain(res[name].Windows[0]); j < 0.95 {
+				t.Errorf("%dVM: %s min Jain over 500 ms windows %.3f < 0.95", n, name, j)
+			}
+			// BAND at 8 VMs reaches 0.963: credit is replenished per
+			// 100 ms period and a 15 ms non-preemptive submission exceeds
+			// the 12.5 ms share, so its period accounting is coarser than
+			// WFQ's per-submission virtual time.
+			want := 0.97
+			if name == "band" && n == 8 {
+				want = 0.96
+			}
+			if mm := res[name].MinMax; mm < want {
+				t.Errorf("%dVM: %s min/max share over the run %.3f < %.2f", n, name, mm, want)
+			}
 		}
 		if j := res["fifo"].Windows[0].MeanJain; j > 0.7 {
 			t.Errorf("%dVM: FIFO mean Jain %.3f, expected unfair (< 0.7)", n, j)

@@ -59,6 +59,12 @@ type WindowStats struct {
 	Jain []float64
 	// MinJain and MeanJain summarise Jain over all windows.
 	MinJain, MeanJain float64
+	// MinMax[w] is the least-served VM's usage/weight over the most-served
+	// one's in window w, over the same VMs as Jain (FairGV's strict
+	// measure; 1 if fewer than two VMs or none used the GPU).
+	MinMax []float64
+	// MeanMinMax is MinMax averaged over all windows.
+	MeanMinMax float64
 }
 
 // SimResult is the outcome of Simulate. Per-VM slices are in load order.
@@ -78,6 +84,9 @@ type SimResult struct {
 	// Jain is Jain's index over the whole run of each VM's usage divided
 	// by its weight and by the length of its submitting interval.
 	Jain float64
+	// MinMax is the smallest over the largest of the same per-VM values
+	// Jain is computed from (1 with fewer than two VMs).
+	MinMax float64
 	// Windows holds the per-window statistics, one per SimOptions.Windows.
 	Windows []WindowStats
 	// Busy is the total time the GPU was executing.
@@ -458,11 +467,13 @@ func (s *simulator) summarise() {
 		}
 	}
 	r.Jain = Jain(x)
+	r.MinMax = minMax(x)
 	for k := range r.Windows {
 		ws := &r.Windows[k]
 		ws.Jain = make([]float64, len(ws.Usage))
+		ws.MinMax = make([]float64, len(ws.Usage))
 		ws.MinJain = 1
-		sum := 0.0
+		sum, mmSum := 0.0, 0.0
 		for w, u := range ws.Usage {
 			from, to := time.Duration(w)*ws.Window, time.Duration(w+1)*ws.Window
 			var xs []float64
@@ -479,9 +490,28 @@ func (s *simulator) summarise() {
 			ws.Jain[w] = j
 			ws.MinJain = min(ws.MinJain, j)
 			sum += j
+			ws.MinMax[w] = minMax(xs)
+			mmSum += ws.MinMax[w]
 		}
 		if len(ws.Jain) > 0 {
 			ws.MeanJain = sum / float64(len(ws.Jain))
+			ws.MeanMinMax = mmSum / float64(len(ws.Jain))
 		}
 	}
+}
+
+// minMax returns min(x)/max(x): 1 for fewer than two values or when the
+// largest is not positive.
+func minMax(x []float64) float64 {
+	if len(x) < 2 {
+		return 1
+	}
+	lo, hi := x[0], x[0]
+	for _, v := range x[1:] {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if hi <= 0 {
+		return 1
+	}
+	return lo / hi
 }

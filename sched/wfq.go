@@ -15,12 +15,40 @@ import (
 // decreasing — so it cannot bank the time it was idle, and the policy stays
 // work-conserving. (GLoop resets the virtual time to that minimum; moving it
 // only forward keeps a VM from shedding debt by briefly going idle.)
+//
+// Anticipation. A VM that loops "launch a kernel, wait for it, launch the
+// next" has nothing queued at the moment its submission completes: its
+// next one arrives a think time later. Plain WFQ then releases another VM
+// (the only one queued) and, worse, counts the looping VM as having gone
+// idle, moving its virtual time up to the others' — so the 2-VM madd vs
+// long-madd case degenerates to FIFO (thesis §4.3.3, Jain 0.57 in
+// simulation). WFQ therefore anticipates as BAND does (thesis §4.1.5, and
+// the anticipatory disk scheduler of Iyer and Druschel, SOSP'01):
+//
+//   - When a VM's submission completes and the next candidate is another
+//     VM with a larger virtual time, while the completed VM has nothing
+//     queued or running, WFQ waits — polling every BandPoll, for at most
+//     BandWait after the completion — for the completed VM's next
+//     submission. The wait is only for a VM behind in virtual time, i.e.
+//     below its fair share, so a VM ahead never holds the GPU idle.
+//   - A VM that submits again within BandWait of its last completion has
+//     not gone idle: it keeps its virtual time (and counts as active for
+//     the system virtual time meanwhile).
+//
+// Both use band_wait and band_poll: the window covers the same thing, a
+// guest's think time between a completion and its next doorbell.
 type wfq struct {
 	roster
-	sysvt float64
+	sysvt      float64
+	wait, poll time.Duration
+
+	last   *vm           // VM whose submission completed last, until a dispatch
+	doneAt time.Duration // when last's submission completed
 }
 
-func newWFQ() *wfq { return &wfq{roster: newRoster("wfq")} }
+func newWFQ(p Params) *wfq {
+	return &wfq{roster: newRoster("wfq"), wait: p.BandWait, poll: p.BandPoll}
+}
 
 func (p *wfq) AddVM(id VMID, weight int, now time.Duration) error {
 	v, err := p.add(id, weight, now)
@@ -32,16 +60,29 @@ func (p *wfq) AddVM(id VMID, weight int, now time.Duration) error {
 }
 
 func (p *wfq) RemoveVM(id VMID, now time.Duration) error {
-	_, err := p.remove(id)
-	return err
+	v, err := p.remove(id)
+	if err != nil {
+		return err
+	}
+	if p.last == v {
+		p.last = nil
+	}
+	return nil
+}
+
+// active reports whether v competes for the GPU at now: it has work queued
+// or running, or it was last active (a completion, or for a VM that never
+// submitted, its registration) within the anticipation window.
+func (p *wfq) active(v *vm, now time.Duration) bool {
+	return v.busy() || now-v.lastActive <= p.wait
 }
 
 // advance moves the system virtual time up to the smallest virtual time of
 // the active VMs other than except.
-func (p *wfq) advance(except *vm) {
+func (p *wfq) advance(except *vm, now time.Duration) {
 	m := math.Inf(1)
 	for _, v := range p.vms {
-		if v != except && v.busy() && v.vt < m {
+		if v != except && p.active(v, now) && v.vt < m {
 			m = v.vt
 		}
 	}
@@ -55,8 +96,8 @@ func (p *wfq) Submitted(id VMID, now time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if !v.busy() {
-		p.advance(v)
+	if !p.active(v, now) {
+		p.advance(v, now)
 		v.vt = max(v.vt, p.sysvt)
 	}
 	_, err = p.submitted(id, now)
@@ -76,12 +117,20 @@ func (p *wfq) Next(now time.Duration) Decision {
 	if best == nil {
 		return Decision{Action: Idle}
 	}
+	if l := p.last; l != nil && l != best && l.vt < best.vt && !l.busy() {
+		if deadline := p.doneAt + p.wait; now < deadline {
+			return Decision{Action: Wait, Until: min(now+p.poll, deadline)}
+		}
+	}
 	return Decision{Action: Dispatch, VM: best.id}
 }
 
 func (p *wfq) Started(id VMID, now time.Duration) error {
-	_, err := p.started(id, now)
-	return err
+	if _, err := p.started(id, now); err != nil {
+		return err
+	}
+	p.last = nil
+	return nil
 }
 
 func (p *wfq) Completed(id VMID, gpuTime, now time.Duration) error {
@@ -90,6 +139,7 @@ func (p *wfq) Completed(id VMID, gpuTime, now time.Duration) error {
 		return err
 	}
 	v.vt += float64(gpuTime) / float64(v.weight)
+	p.last, p.doneAt = v, now
 	return nil
 }
 
