@@ -1,20 +1,14 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -125,72 +119,6 @@ func scaleWindow(d time.Duration) (skip, window time.Duration) {
 	return skip, d - 2*skip
 }
 
-// scaleVMs are the VM processes of one run.
-type scaleVMs struct {
-	wg    sync.WaitGroup
-	ended atomic.Int32
-	pids  []int
-	loads []GuestLoad
-	errs  []error
-}
-
-// start starts VM i with args; its JSON summary lands in loads[i].
-func (s *scaleVMs) start(cmd *exec.Cmd, i int) error {
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, os.Stderr
-	if err := cmd.Start(); err != nil {
-		s.ended.Add(1)
-		return fmt.Errorf("%s: %w", vmName(i), err)
-	}
-	s.pids[i] = cmd.Process.Pid
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		rerr := cmd.Wait()
-		s.ended.Add(1)
-		if jerr := json.Unmarshal(out.Bytes(), &s.loads[i]); jerr != nil {
-			s.errs[i] = errors.Join(fmt.Errorf("%s: %w", vmName(i), rerr), jerr)
-		} else if !s.loads[i].Verified {
-			s.errs[i] = fmt.Errorf("%s: %s", vmName(i), s.loads[i].Error)
-		}
-	}()
-	return nil
-}
-
-// signal sends VM i signal sig.
-func (s *scaleVMs) signal(i int, sig unix.Signal) error {
-	if err := unix.Kill(s.pids[i], sig); err != nil {
-		return fmt.Errorf("%s: %v: %w", vmName(i), sig, err)
-	}
-	return nil
-}
-
-// cpu is the VM processes' CPU time so far.
-func (s *scaleVMs) cpu() (time.Duration, error) {
-	var sum time.Duration
-	for i, pid := range s.pids {
-		t, err := procCPU(pid)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", vmName(i), err)
-		}
-		sum += t
-	}
-	return sum, nil
-}
-
-// rss is each VM process's resident set now.
-func (s *scaleVMs) rss() ([]uint64, error) {
-	out := make([]uint64, len(s.pids))
-	for i, pid := range s.pids {
-		m, err := readStatm(strconv.Itoa(pid))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", vmName(i), err)
-		}
-		out[i] = m.Resident
-	}
-	return out, nil
-}
-
 // cpuSample is the CPU clocks read at each end of the window.
 type cpuSample struct {
 	self, vms time.Duration
@@ -238,12 +166,16 @@ func runScaleOne(ctx context.Context, o ScaleOptions, n int) (ScaleRun, error) {
 		return ScaleRun{}, fmt.Errorf("start gate: %w", err)
 	}
 	defer os.RemoveAll(gate)
-	// The VMs stop on their own after the duration; a failed run stops them
-	// early (the gate's go never comes, or the context ends).
+	// The VMs stop on their own after the duration; a failed run kills
+	// them (the deferred cancel, before waiting for them).
 	vctx, cancel := context.WithCancel(ctx)
-	vms := &scaleVMs{pids: make([]int, n), loads: make([]GuestLoad, n), errs: make([]error, n)}
-	defer vms.wg.Wait()
+	vms := newScaleVMs(n)
+	defer vms.wait()
 	defer cancel()
+	fail := func(err error) (ScaleRun, error) {
+		cancel()
+		return ScaleRun{}, errors.Join(err, vms.wait())
+	}
 	k := o.SetupConcurrency
 	if k <= 0 {
 		k = runtime.NumCPU()
@@ -257,43 +189,47 @@ func runScaleOne(ctx context.Context, o ScaleOptions, n int) (ScaleRun, error) {
 	for i := range n {
 		// At most k VMs setting up: VM i starts once i-k+1 are ready.
 		if err := w.waitReady(ctx, i-k+1, failed); err != nil {
-			cancel()
-			vms.wg.Wait()
-			return ScaleRun{}, errors.Join(append(vms.errs, err)...)
+			return fail(fmt.Errorf("start gate: %w", err))
 		}
 		args := []string{"devmodel", "--socket", srv.socket(), "--mode", o.Mode, "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
 			"--ram", "64MiB", "--fairness", "madd", "--duration", o.Duration.String(),
 			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--start-gate", gate, "--json"}
 		w.started[i] = time.Now()
 		if err := vms.start(o.Command(vctx, args), i); err != nil {
-			cancel()
-			vms.wg.Wait()
-			return ScaleRun{}, err
+			return fail(err)
 		}
 	}
-	err = w.waitReady(ctx, n, failed)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(gate, "go"), nil, 0o644)
+	if err := w.waitReady(ctx, n, failed); err != nil {
+		return fail(fmt.Errorf("start gate: %w", err))
 	}
+	// Memory with every VM attached and set up, all paused: the heap and
+	// resident sets as they are through the loop, read without disturbing it.
+	loaded, err := selfMemory()
+	if err != nil {
+		return fail(err)
+	}
+	vmRSS, err := vms.rss()
+	if err != nil {
+		return fail(err)
+	}
+	err = os.WriteFile(filepath.Join(gate, "go"), nil, 0o644)
 	for i := range n {
 		err = errors.Join(err, vms.signal(i, unix.SIGCONT))
 	}
 	if err != nil {
-		cancel()
-		vms.wg.Wait()
-		return ScaleRun{}, errors.Join(append(vms.errs, fmt.Errorf("start gate: %w", err))...)
+		return fail(fmt.Errorf("start gate: %w", err))
 	}
 	opened := time.Now()
 	o.progress(fmt.Sprintf("scale: %d VMs set up, looping", n))
 	skip, window := scaleWindow(o.Duration)
 	if err := sleepUntil(ctx, opened.Add(skip)); err != nil {
-		return ScaleRun{}, err
-	}
-	c0, err := sampleCPU(srv.agg, vms)
-	if err != nil {
-		return ScaleRun{}, err
+		return fail(err)
 	}
 	t0 := time.Now()
+	c0, err := sampleCPU(srv.agg, vms)
+	if err != nil {
+		return fail(err)
+	}
 	var stopProfile func()
 	if o.Profile != nil {
 		stopProfile = o.Profile(n)
@@ -303,22 +239,18 @@ func runScaleOne(ctx context.Context, o ScaleOptions, n int) (ScaleRun, error) {
 		stopProfile()
 	}
 	if serr != nil {
-		return ScaleRun{}, serr
-	}
-	c1, err := sampleCPU(srv.agg, vms)
-	if err != nil {
-		return ScaleRun{}, err
+		return fail(serr)
 	}
 	t1 := time.Now()
-	loaded, merr := selfMemory()
-	vmRSS, rerr := vms.rss()
-	if ended := vms.ended.Load(); ended > 0 {
-		// A VM gone before the window closed leaves it measuring fewer.
-		vms.wg.Wait()
-		return ScaleRun{}, errors.Join(append(vms.errs, fmt.Errorf("%d VMs ended within the measured window", ended))...)
+	c1, err := sampleCPU(srv.agg, vms)
+	if err != nil {
+		return fail(err)
 	}
-	vms.wg.Wait()
-	if err := errors.Join(append(vms.errs, merr, rerr)...); err != nil {
+	if early := vms.endedBefore(t1); early > 0 {
+		// A VM gone before the window closed leaves it measuring fewer.
+		return fail(fmt.Errorf("%d VMs ended within the measured window", early))
+	}
+	if err := vms.wait(); err != nil {
 		return ScaleRun{}, err
 	}
 	disp := aggregator.DispatchStats{
@@ -330,79 +262,4 @@ func runScaleOne(ctx context.Context, o ScaleOptions, n int) (ScaleRun, error) {
 		aggCPU: c1.self - c0.self, vmCPU: c1.vms - c0.vms, hostBusy: busyFraction(c0.host, c1.host),
 		base: base, loaded: loaded, vmRSS: vmRSS, disp: disp, requests: c1.requests - c0.requests, setup: w.setupTimes(),
 	}), nil
-}
-
-// setupWatch follows the VMs' set-up through the start gate: when each
-// started, and when its ready-DOMID file appeared there (seen by polling
-// every millisecond).
-type setupWatch struct {
-	gate           string
-	started, ready []time.Time
-	onReady        func(i int) error // called as VM i is seen ready
-	nready         int
-	lastProgress   time.Time
-}
-
-// poll records the ready files that appeared since the last poll.
-func (w *setupWatch) poll() error {
-	ents, err := os.ReadDir(w.gate)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	for _, e := range ents {
-		id, ok := strings.CutPrefix(e.Name(), "ready-")
-		if !ok {
-			continue
-		}
-		domid, err := strconv.Atoi(id)
-		if err != nil || domid < 1 || domid > len(w.ready) || !w.ready[domid-1].IsZero() {
-			continue
-		}
-		w.ready[domid-1] = now
-		w.nready++
-		w.lastProgress = now
-		if w.onReady != nil {
-			if err := w.onReady(domid - 1); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// waitReady waits until at least want VMs are ready at the gate. It fails
-// if a VM ended (failed returns true), ctx ends, or no VM got ready for
-// gateTimeout.
-func (w *setupWatch) waitReady(ctx context.Context, want int, failed func() bool) error {
-	if w.lastProgress.IsZero() {
-		w.lastProgress = time.Now()
-	}
-	for {
-		if err := w.poll(); err != nil {
-			return err
-		}
-		if w.nready >= want {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if failed() {
-			return errors.New("a VM ended before the start")
-		}
-		if time.Since(w.lastProgress) > gateTimeout {
-			return fmt.Errorf("%d of %d VMs ready, none more for %v", w.nready, want, gateTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// setupTimes is each VM's time from its start to ready at the gate.
-func (w *setupWatch) setupTimes() []time.Duration {
-	out := make([]time.Duration, len(w.ready))
-	for i := range out {
-		out[i] = w.ready[i].Sub(w.started[i])
-	}
-	return out
 }
