@@ -228,6 +228,11 @@ func TestMaddLongMadd(t *testing.T) {
 		if j := res["fifo"].Windows[0].MeanJain; j > 0.7 {
 			t.Errorf("%dVM: FIFO mean Jain %.3f, expected unfair (< 0.7)", n, j)
 		}
+		// DFQ: fair over 500 ms windows (NEON's denial rule gave 0.99, 0.91
+		// and 0.79 here for 2, 4 and 8 VMs).
+		if j := res["dfq"].Windows[0].MeanJain; j < 0.95 {
+			t.Errorf("%dVM: DFQ mean Jain over 500 ms windows %.3f < 0.95", n, j)
+		}
 		credit := res["credit"].Windows[0].MeanJain
 		if n == 2 && credit > 0.7 {
 			t.Errorf("2VM: CREDIT mean Jain %.3f, expected unfair (< 0.7) as in the thesis", credit)
@@ -419,7 +424,7 @@ func (r *recorder) Next(now time.Duration) Decision {
 }
 
 // TestDFQHoldsBackHog: after sampling, a VM whose requests are 15× longer
-// is denied during free runs, which restores fairness that an unscheduled
+// is denied during most free runs, which restores fairness that an unscheduled
 // free run (the GPU's round-robin) would not give.
 func TestDFQHoldsBackHog(t *testing.T) {
 	loads := []VMLoad{
@@ -444,8 +449,11 @@ func TestDFQHoldsBackHog(t *testing.T) {
 		}
 	}
 	t.Logf("free runs %d, hog denied in %d, small VM denied in %d; usage %v; Jain %.3f", free, hogDenied, smallDenied, r.Usage, r.Jain)
-	if hogDenied == 0 || smallDenied != 0 {
-		t.Errorf("hog denied in %d free runs, small VM in %d: want hog > 0, small 0", hogDenied, smallDenied)
+	// dfq denies whichever VM a free run would put more than a request
+	// ahead: mostly the hog, sometimes (after a free run of its own) the
+	// small VM.
+	if hogDenied <= 2*smallDenied {
+		t.Errorf("hog denied in %d free runs, small VM in %d: want the hog more than twice as often", hogDenied, smallDenied)
 	}
 	if r.Jain < 0.95 {
 		t.Errorf("overall Jain %.3f < 0.95", r.Jain)
