@@ -34,6 +34,11 @@ type FairnessOptions struct {
 	Repeat    int // kernels per long-madd submission (15 in the thesis)
 	Sched     sched.Params
 	Windows   []time.Duration // usage windows; default 500 ms and 100 ms
+	// Weights are the VMs' scheduling weights, VM i getting
+	// Weights[i % len(Weights)] (default: 1 each). Jain's index and the
+	// min/max measures are taken over each VM's usage divided by its
+	// weight, so 1 means every VM got its weighted share.
+	Weights []int
 	// ServerSpin is the aggregator's IPC spin budget per VM connection
 	// (ipc.ListenOptions.Spin; 0: the package default, negative: never).
 	ServerSpin int
@@ -48,8 +53,16 @@ type FairnessRun struct {
 	VMs    int    `json:"vms"`
 	// Modes is each VM's mode, in VM order.
 	Modes []string `json:"modes"`
-	// Jain500 and Jain100 are Jain's fairness index of the VMs' GPU usage,
-	// averaged over the 500 ms and 100 ms windows of the run (the first
+	// Weights is each VM's scheduling weight, in VM order.
+	Weights []int `json:"weights"`
+	// Share is each VM's share of the GPU time the VMs used over the run
+	// (the first 500 ms window left out), and Target its weighted share,
+	// weight / sum of weights: MinMaxRun is the smallest Share/Target over
+	// the largest.
+	Share  map[string]float64 `json:"share"`
+	Target map[string]float64 `json:"target"`
+	// Jain500 and Jain100 are Jain's fairness index of the VMs' GPU usage
+	// divided by their weights, averaged over the 500 ms and 100 ms windows of the run (the first
 	// window, the start-up, left out).
 	Jain500 float64 `json:"jain_500ms"`
 	Jain100 float64 `json:"jain_100ms"`
@@ -174,7 +187,17 @@ func runFairnessOne(ctx context.Context, o FairnessOptions, policy string, n int
 // runLoads runs one VM process per entry of kinds under policy for duration.
 func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []string, duration time.Duration) (FairnessRun, error) {
 	n := len(kinds)
-	run := FairnessRun{Policy: policy, VMs: n, Usage: map[string]map[string][]float64{}, Throughput: map[string]float64{}, MeanIterationNs: map[string]float64{}}
+	run := FairnessRun{Policy: policy, VMs: n, Usage: map[string]map[string][]float64{}, Throughput: map[string]float64{}, MeanIterationNs: map[string]float64{},
+		Share: map[string]float64{}, Target: map[string]float64{}}
+	weightOf := map[string]int{}
+	for i := range n {
+		w := 1
+		if len(o.Weights) > 0 {
+			w = o.Weights[i%len(o.Weights)]
+		}
+		run.Weights = append(run.Weights, w)
+		weightOf[vmName(i)] = w
+	}
 	p, err := sched.New(policy, o.Sched)
 	if err != nil {
 		return run, err
@@ -185,7 +208,10 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	}
 	// Many VMs share 2 cores here: a server goroutine per VM spinning after
 	// every request would starve the VMs themselves, so spin briefly.
-	srv, err := serveBoard(ctx, o.Board, aggregator.Options{Partition: fairnessPartition(n), MaxVMs: n, Policy: p, Logger: log},
+	// Weights reach the dispatcher as a toolstack's would: the aggregator
+	// asks Options.Weight for each guest as its vGPU is created.
+	srv, err := serveBoard(ctx, o.Board, aggregator.Options{Partition: fairnessPartition(n), MaxVMs: n, Policy: p, Logger: log,
+		Weight: func(g aggregator.Guest) int { return max(weightOf[g.Name], 1) }},
 		&ipc.ListenOptions{Spin: o.ServerSpin})
 	if err != nil {
 		return run, err
@@ -275,6 +301,18 @@ func summarizeFairness(run FairnessRun, usage []aggregator.Usage, end time.Durat
 		busy += u.End - u.Start
 	}
 	run.GPUBusy = float64(busy) / float64(end-start)
+	if run.Share == nil {
+		run.Share = map[string]float64{}
+	}
+	if run.Target == nil {
+		run.Target = map[string]float64{}
+	}
+	weight := func(i int) int {
+		if i < len(run.Weights) && run.Weights[i] > 0 {
+			return run.Weights[i]
+		}
+		return 1
+	}
 	for _, w := range o.Windows {
 		nw := int((end - start) / w)
 		shares := make([][]float64, run.VMs)
@@ -312,7 +350,7 @@ func summarizeFairness(run FairnessRun, usage []aggregator.Usage, end time.Durat
 		for k := 1; k < nw; k++ { // window 0 is start-up
 			col := make([]float64, run.VMs)
 			for i := range shares {
-				col[i] = shares[i][k]
+				col[i] = shares[i][k] / float64(weight(i))
 				totals[i] += shares[i][k]
 			}
 			sum += sched.Jain(col)
@@ -332,7 +370,20 @@ func summarizeFairness(run FairnessRun, usage []aggregator.Usage, end time.Durat
 		switch w {
 		case 500 * time.Millisecond:
 			run.Jain500, run.MinMax500 = j, mm
-			run.MinMaxRun, _ = minOverMax(totals)
+			var sum, wsum float64
+			for i := range totals {
+				sum += totals[i]
+				wsum += float64(weight(i))
+			}
+			norm := make([]float64, run.VMs)
+			for i := range totals {
+				if sum > 0 {
+					run.Share[vmName(i)] = totals[i] / sum
+				}
+				run.Target[vmName(i)] = float64(weight(i)) / wsum
+				norm[i] = totals[i] / float64(weight(i))
+			}
+			run.MinMaxRun, _ = minOverMax(norm)
 		case 100 * time.Millisecond:
 			run.Jain100, run.MinMax100 = j, mm
 		}

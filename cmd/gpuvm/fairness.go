@@ -29,7 +29,8 @@ func fairnessCommand() *cli.Command {
 			"usage over 500 ms and 100 ms windows, Jain's fairness index over those windows,\n" +
 			"throughput, and each policy's execution-time overhead against FIFO.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts, each even, 2..64 (half the VMs loop madd, half long-madd; with --modes any count: VM i loops madd if i is odd)"},
+			&cli.StringFlag{Name: "vms", Value: "2,4", Usage: "comma-separated VM counts, each even, 2..64 (half the VMs loop madd, half long-madd; with --modes or --weights any count: VM i loops madd if i is odd)"},
+			&cli.StringFlag{Name: "weights", Usage: "comma-separated scheduling weights 1.." + strconv.Itoa(config.MaxWeight) + ", VM i getting the i-th modulo their number (e.g. 1,2,4 with --vms 3); Jain and min/max are then of usage / weight, and the JSON gives each VM's share and weighted target; default 1 each"},
 			&cli.StringFlag{Name: "modes", Usage: "comma-separated virtualization modes, VM i running the i-th modulo their number (a mixed board); default fv-optimized: " + strings.Join(config.ModeNames(), ", ")},
 			&cli.StringFlag{Name: "policy", Value: "fifo,band", Usage: "comma-separated policies: " + strings.Join(sched.Names(), ", ")},
 			&cli.DurationFlag{Name: "duration", Value: 6 * time.Second, Usage: "length of each run"},
@@ -75,7 +76,17 @@ func runFairness(c *cli.Context) error {
 			modes = append(modes, m)
 		}
 	}
-	vms, err := parseVMCounts(c.String("vms"), len(modes) > 0)
+	var weights []int
+	if c.IsSet("weights") {
+		for _, f := range strings.Split(c.String("weights"), ",") {
+			w, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || w < 1 || w > config.MaxWeight {
+				return usageError("--weights %q: want integers 1..%d", f, config.MaxWeight)
+			}
+			weights = append(weights, w)
+		}
+	}
+	vms, err := parseVMCounts(c.String("vms"), len(modes) > 0 || len(weights) > 0)
 	if err != nil {
 		return usageError("--vms %v", err)
 	}
@@ -101,7 +112,7 @@ func runFairness(c *cli.Context) error {
 		return usageError("--duration %v: want at least 1s (it is cut into 500 ms windows)", c.Duration("duration"))
 	}
 	rep, err := bench.RunFairness(c.Context, bench.FairnessOptions{
-		Board: boardCfg, Policies: policies, VMs: vms, Modes: modes, Duration: c.Duration("duration"),
+		Board: boardCfg, Policies: policies, VMs: vms, Modes: modes, Weights: weights, Duration: c.Duration("duration"),
 		MatrixDim: c.Int("matrix-dim"), Repeat: c.Int("repeat"), Sched: sched.FromConfig(cfg.Scheduler),
 		Command: selfCommand, Logger: log, ServerSpin: c.Int("ipc-spin"),
 		Progress: func(msg string) { fmt.Fprintln(c.App.ErrWriter, msg) },
@@ -123,7 +134,7 @@ func runFairness(c *cli.Context) error {
 
 func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tMIN/MAX run\tMIN/MAX 500ms\tMIN/MAX 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\tMODES\t")
+	fmt.Fprintln(tw, "POLICY\tVMS\tJAIN 500ms\tJAIN 100ms\tMIN/MAX run\tMIN/MAX 500ms\tMIN/MAX 100ms\tGPU BUSY\tMADD it/s\tLONG it/s\tOVERHEAD madd\tOVERHEAD long\tMODES\tSHARE/TARGET\t")
 	for _, r := range rep.Runs {
 		var madd, long float64
 		for i, l := range r.Loads {
@@ -140,7 +151,16 @@ func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 			}
 			return "–"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, r.MinMaxRun, r.MinMax500, r.MinMax100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","))
+		// Each VM's share of the GPU time over the run against its
+		// weighted target (weight / sum of weights).
+		var st []string
+		for i := range r.VMs {
+			name := "vm" + strconv.Itoa(i+1)
+			if t := r.Target[name]; t > 0 {
+				st = append(st, fmt.Sprintf("%.3f/%.3f", r.Share[name], t))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, r.MinMaxRun, r.MinMax500, r.MinMax100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","), strings.Join(st, " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
