@@ -534,3 +534,22 @@ func TestSimulateRejectsBadInput(t *testing.T) {
 		t.Errorf("duplicate: %v", err)
 	}
 }
+
+// TestWeighted124MaddLongMadd: three VMs with weights 1, 2 and 4 running
+// madd, long-madd and madd (the harness' `gpuvm bench fairness --vms 3
+// --weights 1,2,4`) get GPU time 1:2:4 under BAND and WFQ: usage/weight
+// min/max ≥ 0.95 over the run.
+func TestWeighted124MaddLongMadd(t *testing.T) {
+	loads := maddLoads(3)
+	for i, w := range []int{1, 2, 4} {
+		loads[i].Weight = w
+	}
+	opt := SimOptions{Windows: []time.Duration{500 * ms, 100 * ms}, DecisionCost: 5 * time.Microsecond}
+	for _, name := range []string{"band", "wfq", "credit", "dfq", "timeslice"} {
+		r := mustSim(t, mustNew(t, name, Params{}), loads, 10*time.Second, opt)
+		t.Logf("%-9s usage %v; usage/weight min/max run %.3f, 500 ms %.3f, 100 ms %.3f", name, r.Usage, r.MinMax, r.Windows[0].MeanMinMax, r.Windows[1].MeanMinMax)
+		if (name == "band" || name == "wfq") && r.MinMax < 0.95 {
+			t.Errorf("%s: usage/weight min/max over the run %.3f < 0.95", name, r.MinMax)
+		}
+	}
+}
