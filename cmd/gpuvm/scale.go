@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -179,7 +180,8 @@ func writeScaleTable(w io.Writer, rep bench.ScaleReport) error {
 }
 
 // writeScaleSVG draws scaling.svg: per-VM costs against the VM count,
-// each relative to the base run's (1 = flat).
+// each relative to the base run's on a log10 axis (0 = flat, 1 = ten times
+// the base's, 2 = a hundred times).
 func writeScaleSVG(dir string, rep bench.ScaleReport) error {
 	if len(rep.Runs) == 0 {
 		return errors.New("no runs")
@@ -197,27 +199,33 @@ func writeScaleSVG(dir string, rep bench.ScaleReport) error {
 		{"wall time per iteration (1 + overhead per VM)", func(r bench.ScaleRun) float64 { return r.CostPerIterationUs }},
 		{"CPU time per iteration (aggregator + VMs)", func(r bench.ScaleRun) float64 { return r.CPUUsPerIteration }},
 		{"aggregator CPU time per iteration", func(r bench.ScaleRun) float64 { return r.AggCPUUsPerIteration }},
-		{"dispatcher decision time", func(r bench.ScaleRun) float64 { return r.DecisionNs }},
+		{"aggregator CPU time per request", func(r bench.ScaleRun) float64 { return r.AggCPUUsPerRequest }},
+		{"aggregator heap per VM", func(r bench.ScaleRun) float64 { return r.HeapKiBPerVM }},
+		{"dispatcher decision time (wall clock)", func(r bench.ScaleRun) float64 { return r.DecisionNs }},
 	}
 	runs := slices.Clone(rep.Runs)
 	slices.SortFunc(runs, func(a, b bench.ScaleRun) int { return a.VMs - b.VMs })
 	var series []svgplot.Series
+next:
 	for _, m := range metrics {
 		b := m.get(base)
-		if b <= 0 {
-			continue
-		}
 		s := svgplot.Series{Name: m.name}
 		for _, r := range runs {
+			v := m.get(r)
+			if b <= 0 || v <= 0 {
+				continue next // no ratio to draw on a log axis
+			}
 			s.X = append(s.X, float64(r.VMs))
-			s.Y = append(s.Y, m.get(r)/b)
+			s.Y = append(s.Y, math.Log10(v/b))
 		}
 		series = append(series, s)
 	}
-	zero := 0.0
+	if len(series) == 0 {
+		return errors.New("nothing measured to draw")
+	}
 	svg, err := svgplot.LineChart{
 		Title:  fmt.Sprintf("Per-VM costs against VM count (%s, %s), relative to %d VM(s)", base.Mode, base.Policy, rep.BaseVMs),
-		XLabel: "VMs", YLabel: "relative to base (1 = flat)", Series: series, YMin: &zero, Width: 900,
+		XLabel: "VMs", YLabel: "log10 of cost / base cost (0 = flat)", Series: series, Width: 960,
 	}.SVG()
 	if err != nil {
 		return err

@@ -115,3 +115,35 @@ func TestScaleTable(t *testing.T) {
 		t.Errorf("%d lines:\n%s", n, b.String())
 	}
 }
+
+// scaling.svg draws one line per measured cost, as the log of its ratio to
+// the base run's; a cost the base did not measure is left out.
+func TestScaleSVG(t *testing.T) {
+	run := func(vms int, k float64) bench.ScaleRun {
+		return bench.ScaleRun{VMs: vms, Mode: "fv-optimized", Policy: "band", CostPerIterationUs: 100 * k, CPUUsPerIteration: 200 * k,
+			AggCPUUsPerIteration: 50 * k, AggCPUUsPerRequest: 50, HeapKiBPerVM: 2000, DecisionNs: 300 * k}
+	}
+	rep := bench.ScaleReport{CPUs: 2, BaseVMs: 1, Runs: []bench.ScaleRun{run(8, 10), run(1, 1), run(64, 100)}}
+	dir := t.TempDir()
+	if err := writeScaleSVG(dir, rep); err != nil {
+		t.Fatal(err)
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "scaling.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(svg, []byte(`class="series"`)); n != 6 {
+		t.Errorf("%d lines, want 6", n)
+	}
+	rep.Runs[1].DecisionNs = 0
+	if err := writeScaleSVG(dir, rep); err != nil {
+		t.Fatal(err)
+	}
+	svg, _ = os.ReadFile(filepath.Join(dir, "scaling.svg"))
+	if n := bytes.Count(svg, []byte(`class="series"`)); n != 5 || bytes.Contains(svg, []byte("decision time")) {
+		t.Errorf("with no decision time at the base: %d lines", n)
+	}
+	if err := writeScaleSVG(dir, bench.ScaleReport{}); err == nil {
+		t.Error("no runs: a chart")
+	}
+}
