@@ -45,7 +45,7 @@ func scaleCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of the table"},
 			&cli.PathFlag{Name: "svg", Usage: "write the scaling chart (scaling.svg) to this directory"},
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config for the [scheduler] parameters"},
-			&cli.IntFlag{Name: "ipc-spin", Value: 200, Usage: "aggregator IPC polling iterations before sleeping, per VM (0: the IPC default, 20000)"},
+			&cli.IntFlag{Name: "ipc-spin", Usage: "aggregator IPC polling iterations before sleeping, per VM connection (default 0: the IPC package's 20000, as gpuvm serve uses; negative: never spin)"},
 			&cli.IntFlag{Name: "setup-concurrency", Usage: "VMs setting up at once (default: one per CPU; the rest wait their turn)"},
 			&cli.PathFlag{Name: "cpuprofile", Hidden: true, Usage: "write a CPU profile of the largest run's measured window to this file"},
 		},
