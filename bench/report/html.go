@@ -79,7 +79,7 @@ func rodiniaSizes(p workloads.Params) string {
 // gib prints a byte count in GiB.
 func gib(n uint64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
 
-// Write renders ev into dir: index.html, evaluation.json and
+// Write renders ev into dir: index.html, evaluation.json, tables.md and
 // figures/*.svg. It returns the figures it could not draw (no data) in
 // words; those are also listed on the page.
 func Write(dir string, ev bench.Evaluation) (missing []string, err error) {
@@ -104,6 +104,9 @@ func Write(dir string, ev bench.Evaluation) (missing []string, err error) {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, IndexFile), html, 0o644); err != nil {
+		return nil, fmt.Errorf("report: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, MarkdownFile), Markdown(ev), 0o644); err != nil {
 		return nil, fmt.Errorf("report: %w", err)
 	}
 	return figs.missing, nil
@@ -226,3 +229,39 @@ nav a { margin-right: 1em; }
 </body>
 </html>
 `))
+
+// MarkdownFile is the report's tables as Markdown, for docs/performance.md.
+const MarkdownFile = "tables.md"
+
+// Markdown returns the report's tables as Markdown, each under its
+// caption.
+func Markdown(ev bench.Evaluation) []byte {
+	var b bytes.Buffer
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	for _, t := range []Table{table43(ev), table48(ev), table41(ev), table410(ev), tableFairness(ev)} {
+		if len(t.Rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s\n\n|", t.Caption)
+		for _, h := range t.Header {
+			fmt.Fprintf(&b, " %s |", cell(h))
+		}
+		b.WriteString("\n|")
+		for range t.Header {
+			b.WriteString("---|")
+		}
+		b.WriteString("\n")
+		for _, r := range t.Rows {
+			b.WriteString("|")
+			for _, c := range r {
+				fmt.Fprintf(&b, " %s |", cell(c))
+			}
+			b.WriteString("\n")
+		}
+		if t.Note != "" {
+			fmt.Fprintf(&b, "\n%s\n", t.Note)
+		}
+		b.WriteString("\n")
+	}
+	return b.Bytes()
+}

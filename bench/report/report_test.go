@@ -118,6 +118,15 @@ func TestWriteEveryFigure(t *testing.T) {
 	if strings.Contains(page, "<?xml") {
 		t.Error("an inlined SVG keeps its XML declaration")
 	}
+	md, err := os.ReadFile(filepath.Join(dir, MarkdownFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| mode | guest |", "| nop | 833 | 714 | 1× | 11383 |", "| band | 2 | 0.990 |"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("tables.md lacks %q:\n%s", want, md)
+		}
+	}
 	js, err := os.ReadFile(filepath.Join(dir, JSONFile))
 	if err != nil {
 		t.Fatal(err)
