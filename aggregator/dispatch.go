@@ -94,7 +94,27 @@ type dispatcher struct {
 	// decision, under d.mu like the rest.
 	stats DispatchStats
 
+	// ended, per vGPU, is called when one of its submissions ends
+	// (completed, faulted or stopped: reap) and when its in-flight ones
+	// are dropped with it (dropVM, which then forgets it): a pvdrm back
+	// end's CPU_PREP waiters sleep until then instead of polling their
+	// fences (pvdrm_wait.go). It runs under d.mu, so it must not block.
+	// Set by onEnded.
+	ended map[*VGPU]func()
+
 	stops sync.WaitGroup // watchdog stops in progress
+}
+
+// onEnded has f called whenever a submission of v ends (see ended). The
+// caller holds v.mu and has checked that v is not torn down, so dropVM
+// is still to come and forgets f.
+func (d *dispatcher) onEnded(v *VGPU, f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ended == nil {
+		d.ended = map[*VGPU]func(){}
+	}
+	d.ended[v] = f
 }
 
 // Think sums the time a VM took to submit again after its previous
@@ -160,6 +180,10 @@ func (d *dispatcher) dropVM(v *VGPU) {
 	}
 	clear(d.inflight[len(keep):])
 	d.inflight = keep
+	if f := d.ended[v]; f != nil {
+		f() // what a waiter waited for will not complete now
+		delete(d.ended, v)
+	}
 }
 
 // channelStopped voids a stopped channel's queued and in-flight
@@ -438,6 +462,9 @@ func (d *dispatcher) reap() {
 			d.log.Debug("submission ended without completing", "vgpu", s.v.ID, "err", err)
 		}
 		d.stats.Completed++
+		if f := d.ended[s.v]; f != nil {
+			f() // wakes the VM's waiters for this completion (onEnded)
+		}
 		// The GPU runs one submission at a time: with several in flight (a
 		// free run), one's GPU time starts when the previous one ended.
 		begin := max(s.released, d.lastEnd)
