@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,9 +42,10 @@ const (
 	pvdrmPoolMax    = 256 << 20 // bytes of closed buffers kept (pooling)
 	pvdrmPoolCount  = 64        // buffers kept (pooling)
 	pvdrmMaxWait    = 10 * time.Second
-	pvdrmFaultPoll  = time.Millisecond // how often a CPU_PREP wait checks for a channel fault
-	pvdrmMinNap     = 10 * time.Microsecond
-	pvdrmMaxNap     = 160 * time.Microsecond
+	// pvdrmFaultPoll is how often a blocked CPU_PREP wait checks its
+	// channel for a fault anyway: a safety net, since a fault ends the
+	// channel's submission and that wakes the wait (pvdrm_wait.go).
+	pvdrmFaultPoll  = 50 * time.Millisecond
 	pvdrmTimeout    = 3 * time.Second // the back-end driver's longest GPU wait
 	pvdrmPrivBase   = 4 << 20         // private memory beyond the channel rings
 	pvdrmPerChannel = 1<<20 + 3*nvc0.PageSize + 8<<10
@@ -93,10 +95,18 @@ func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdr
 	// RAM (guest-physical), which the vGPU validates and translates.
 	priv.SetBusBase(0)
 	b := &PVDRMBackend{v: v, t: t, codec: pvdrm.NewCodec(), priv: priv, pooling: feat.Pooling, ops: pvdrmOps(),
-		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{})}
+		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{}), faultPoll: pvdrmFaultPoll}
 	fail := func(err error) (*PVDRMBackend, error) {
 		return nil, errors.Join(fmt.Errorf("attach %s: %w", g.Name, err), a.Detach(v), priv.Close())
 	}
+	// The dispatcher wakes the CPU_PREP waiters when a submission of the
+	// VM ends. Registered under v.mu unless the vGPU is torn down already
+	// (Destroy), so its teardown's dropVM is still to come and forgets it.
+	v.mu.Lock()
+	if !v.dead {
+		a.disp.onEnded(v, b.wake.broadcast)
+	}
+	v.mu.Unlock()
 	if b.ring, err = pvdrm.NewBack(t.Ring()); err != nil {
 		return fail(err)
 	}
@@ -156,6 +166,15 @@ type PVDRMBackend struct {
 	// afterCopy, when set (tests), runs after each request was copied off
 	// the ring and before it is decoded.
 	afterCopy func()
+	// wake is broadcast when something a CPU_PREP waiter waits for may
+	// have happened: a submission of the VM ended, a channel was freed.
+	wake pvdrmWake
+	// faultPoll is how often a CPU_PREP waiter checks its channel for a
+	// fault without being woken (pvdrmFaultPoll; tests lengthen it).
+	faultPoll time.Duration
+	// waitChecks counts the passes CPU_PREP waiters made over their fences:
+	// tests read it to see that a wait blocks rather than polls.
+	waitChecks atomic.Uint64
 
 	rmu     sync.Mutex // serialises responses (waiters answer too) and Next's look at them
 	waiters sync.WaitGroup
@@ -173,8 +192,11 @@ func (b *PVDRMBackend) VGPU() *VGPU { return b.v }
 func (b *PVDRMBackend) Serve(ctx context.Context) error {
 	defer close(b.stopped)
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// On the way out the waiters are stopped, then waited for: a back end
+	// that stops (its front end broke the ring, or its vGPU was destroyed)
+	// answers nothing more.
 	defer b.waiters.Wait()
+	defer cancel()
 	var slot [pvdrm.SlotSize]byte
 	for {
 		b.rmu.Lock() // Next checks the response index waiters advance

@@ -9,7 +9,6 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
-	"github.com/gpuvm/gpuvm/internal/spin"
 	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
@@ -183,6 +182,7 @@ func (b *PVDRMBackend) closeFile(f *pvFile) error {
 // it used are freed only by this goroutine, after the stop).
 func (b *PVDRMBackend) freeChannel(c *pvChan) error {
 	c.freed.Store(true)
+	b.wake.broadcast() // its waiters answer now
 	return c.ch.Close()
 }
 
@@ -279,8 +279,9 @@ func (b *PVDRMBackend) opPushbuf(_ context.Context, f *pvFile, r pvdrm.Request) 
 }
 
 // cpuPrep answers CPU_PREP: at once when the buffer is idle or the front
-// end would not wait, else from a waiter goroutine (at most one per ring
-// slot, since each holds an unanswered request).
+// end would not wait, else from a waiter goroutine that blocks until the
+// buffer's work ends (await; at most one waiter per ring slot, since each
+// holds an unanswered request).
 func (b *PVDRMBackend) cpuPrep(ctx context.Context, f *pvFile, r pvdrm.Request) {
 	rsp := pvdrm.Response{ID: r.ID, Op: r.Op}
 	g := f.gems[uint32(r.Args["handle"])]
@@ -291,46 +292,18 @@ func (b *PVDRMBackend) cpuPrep(ctx context.Context, f *pvFile, r pvdrm.Request) 
 	case r.Args["timeout_ns"] == 0:
 		rsp.Status = -pvdrm.EBUSY
 	default:
-		type wait struct {
-			c   *pvChan
-			seq uint32
-		}
-		var ws []wait
+		ws := make([]fenceWait, 0, len(g.busy)) // at most the file's channels
 		for c, seq := range g.busy {
-			ws = append(ws, wait{c, seq})
+			ws = append(ws, fenceWait{c, seq})
 		}
-		deadline := time.Now().Add(min(time.Duration(min(r.Args["timeout_ns"], uint64(pvdrmMaxWait))), pvdrmMaxWait))
+		deadline := time.Now().Add(time.Duration(min(r.Args["timeout_ns"], uint64(pvdrmMaxWait))))
 		b.waiters.Add(1)
 		go func() {
 			defer b.waiters.Done()
-			nextCheck, nap := time.Now(), pvdrmMinNap
-			for _, w := range ws {
-				for !w.c.done(w.seq) {
-					// A fault ends the wait; the error registers are read
-					// once per faultPoll, as the driver's own waits do.
-					if now := time.Now(); now.After(nextCheck) {
-						if w.c.ch.Fault() != nil {
-							rsp.Status = -pvdrm.EIO
-							b.respond(rsp)
-							return
-						}
-						nextCheck = now.Add(pvdrmFaultPoll)
-					}
-					if ctx.Err() != nil {
-						return // the back end is stopping: no one to answer
-					}
-					if time.Now().After(deadline) {
-						rsp.Status = -pvdrm.ETIMEDOUT
-						b.respond(rsp)
-						return
-					}
-					// Back off: a long kernel is not polled 50 000 times a
-					// second from a core the board's engines need.
-					spin.Nap(nap)
-					nap = min(2*nap, pvdrmMaxNap)
-				}
+			var answer bool
+			if rsp.Status, answer = b.await(ctx, ws, deadline); answer {
+				b.respond(rsp)
 			}
-			b.respond(rsp)
 		}()
 		return
 	}
