@@ -32,6 +32,10 @@ type ContextsOptions struct {
 	Logger    *slog.Logger
 }
 
+// contextGuestRAM is the guest RAM per madd instance: its context's
+// staging buffers, channel ring and the madd's inputs and output.
+const contextGuestRAM = 64 << 20
+
 // ContextsPoint is one configuration at one instance count: the mean over
 // its instances of each phase and of the total.
 type ContextsPoint struct {
@@ -127,9 +131,11 @@ func contextsVirtual(ctx context.Context, o ContextsOptions, mode string, n int,
 	}
 	vms, perVM := n, 1
 	part := fairnessPartition(n)
+	ram := uint64(contextGuestRAM)
 	if oneVM {
 		vms, perVM = 1, n
 		part = BenchPartition(o.Board.VRAMSize)
+		ram *= uint64(n) // each context pins its own staging buffers and rings
 	}
 	log := o.Logger
 	if log == nil {
@@ -152,7 +158,7 @@ func contextsVirtual(ctx context.Context, o ContextsOptions, mode string, n int,
 	var wg sync.WaitGroup
 	for i := range vms {
 		args := []string{"devmodel", "--socket", srv.socket(), "--mode", mode, "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
-			"--ram", "64MiB", "--contexts", strconv.Itoa(perVM), "--repeat", strconv.Itoa(o.Repeat),
+			"--ram", strconv.FormatUint(ram, 10), "--contexts", strconv.Itoa(perVM), "--repeat", strconv.Itoa(o.Repeat),
 			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--start-gate", gate}
 		wg.Go(func() {
 			cmd := o.Command(ctx, args)
