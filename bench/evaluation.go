@@ -33,7 +33,11 @@ type EvaluationOptions struct {
 	Runs      int
 	// NoWarmup leaves out each workload's warm-up run (--quick).
 	NoWarmup bool
-	Params   workloads.Params
+	// OneVMPerMode runs every workload of a mode in one VM process (and
+	// natively on one board) instead of one per workload: fewer set-ups
+	// (--quick), but a failure takes the mode's remaining workloads with it.
+	OneVMPerMode bool
+	Params       workloads.Params
 	// Contexts and Fairness configure Fig. 4.10 and Fig. 4.11-4.13 (each
 	// with its own board); their Command, Logger and Progress are filled in.
 	Contexts ContextsOptions
@@ -138,18 +142,24 @@ func RunEvaluation(ctx context.Context, o EvaluationOptions) (Evaluation, error)
 	var steps []step
 	// Fig. 4.8/4.9 and the counters: one VM process per (mode, workload),
 	// so a failure stays in its cell and progress is fine-grained.
-	for _, mode := range o.Modes {
+	// With OneVMPerMode, one VM process runs every workload of a mode.
+	groups := make([][]string, 0, len(o.Workloads))
+	if o.OneVMPerMode {
+		groups = append(groups, o.Workloads)
+	} else {
 		for _, wl := range o.Workloads {
+			groups = append(groups, []string{wl})
+		}
+	}
+	for _, mode := range o.Modes {
+		for _, wls := range groups {
 			steps = append(steps, step{
-				msg:    fmt.Sprintf("%s %s", mode, wl),
-				weight: modeWeight(mode) * float64(o.Runs+ev.Modes.Warmup),
+				msg:    fmt.Sprintf("%s %s", mode, strings.Join(wls, ",")),
+				weight: modeWeight(mode) * float64((o.Runs+ev.Modes.Warmup)*len(wls)),
 				run: func(ctx context.Context) error {
-					res, err := runModeWorkload(ctx, o, mode, wl, log)
-					if err != nil {
-						return err
-					}
+					res, err := runModeWorkloads(ctx, o, mode, wls, log)
 					ev.Modes.Results = append(ev.Modes.Results, res...)
-					return nil
+					return err
 				},
 			})
 		}
@@ -218,23 +228,27 @@ func (o EvaluationOptions) progress(msg string, done, total float64) {
 	}
 }
 
-// runModeWorkload measures one workload in one mode: natively in this
-// process, or in a VM process of its own.
-func runModeWorkload(ctx context.Context, o EvaluationOptions, mode, wl string, log *slog.Logger) ([]Result, error) {
+// runModeWorkloads measures workloads in one mode: natively in this
+// process, or in a VM process of their own.
+func runModeWorkloads(ctx context.Context, o EvaluationOptions, mode string, wls []string, log *slog.Logger) ([]Result, error) {
 	if mode == "native" {
-		w, err := workloads.New(wl, o.Params)
-		if err != nil {
-			return nil, err
-		}
 		native, err := OpenNative(o.Board, log)
 		if err != nil {
 			return nil, err
 		}
 		defer native.Close()
-		return []Result{RunWorkloadWith(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil, o.runOptions())}, nil
+		var out []Result
+		for _, wl := range wls {
+			w, err := workloads.New(wl, o.Params)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, RunWorkloadWith(ctx, "native", gdev.Nouveau(native.Device), w, o.Runs, native.Counters, nil, o.runOptions()))
+		}
+		return out, nil
 	}
 	var stderr bytes.Buffer
-	res, err := RunVirtualized(ctx, mode, []string{wl}, o.Runs, o.Params, VirtualOptions{
+	res, err := RunVirtualized(ctx, mode, wls, o.Runs, o.Params, VirtualOptions{
 		Board: o.Board, Partition: BenchPartition(o.Board.VRAMSize), RAMSize: GuestRAM,
 		Transport: ipc.TransportShm, Command: o.Command, Logger: log, Stderr: &stderr, Run: o.runOptions(),
 	})

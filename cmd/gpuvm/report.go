@@ -26,7 +26,7 @@ import (
 type reportSizes struct {
 	params                 workloads.Params
 	runs                   int
-	noWarmup               bool
+	noWarmup, oneVMPerMode bool
 	contextCounts          []int
 	contextDim, contextRep int
 	fairVMs                []int
@@ -48,7 +48,7 @@ func fullSizes() reportSizes {
 // quickSizes are CI's: every experiment and figure, on small inputs.
 func quickSizes() reportSizes {
 	return reportSizes{
-		params: workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 256 << 10, RodiniaScale: 16}, runs: 1, noWarmup: true,
+		params: workloads.Params{MatrixDim: 64, LoopIterations: 1 << 12, CopyBytes: 256 << 10, RodiniaScale: 16}, runs: 1, noWarmup: true, oneVMPerMode: true,
 		contextCounts: []int{1, 2, 4}, contextDim: 64, contextRep: 10,
 		fairVMs: []int{2}, fairPolicies: []string{"fifo", "credit", "band"}, fairDuration: 1500 * time.Millisecond,
 	}
@@ -73,7 +73,7 @@ func reportCommand() *cli.Command {
 			"2 usage error.",
 		Flags: []cli.Flag{
 			&cli.PathFlag{Name: "out", Aliases: []string{"o"}, Required: true, Usage: "directory to write the report into (created if missing)"},
-			&cli.BoolFlag{Name: "quick", Usage: "small inputs, one measured run and no warm-up, fewer and shorter fairness runs: every figure, in minutes"},
+			&cli.BoolFlag{Name: "quick", Usage: "small inputs, one measured run and no warm-up, one VM process per mode, fewer and shorter fairness runs: every figure, in minutes"},
 			&cli.StringFlag{Name: "mode", Usage: "comma-separated modes of Fig. 4.8/4.9 (default: native and every mode)"},
 			&cli.StringFlag{Name: "workloads", Aliases: []string{"w"}, Value: "all", Usage: "comma-separated workloads, or all"},
 			&cli.IntFlag{Name: "runs", Aliases: []string{"n"}, Usage: "measured runs per workload (default 10, the thesis', or 1 with --quick)"},
@@ -166,7 +166,7 @@ func runReport(c *cli.Context) error {
 	}
 	prog := newETA(c.App.ErrWriter)
 	opts := bench.EvaluationOptions{
-		Board: board, Quick: c.Bool("quick"), Modes: modes, Workloads: names, Runs: sz.runs, NoWarmup: sz.noWarmup, Params: sz.params,
+		Board: board, Quick: c.Bool("quick"), Modes: modes, Workloads: names, Runs: sz.runs, NoWarmup: sz.noWarmup, OneVMPerMode: sz.oneVMPerMode, Params: sz.params,
 		Contexts: bench.ContextsOptions{Board: board, Modes: ctxModes, Counts: sz.contextCounts, MatrixDim: sz.contextDim, Repeat: sz.contextRep},
 		Fairness: bench.FairnessOptions{Board: fairBoard, Policies: sz.fairPolicies, VMs: sz.fairVMs, Duration: sz.fairDuration,
 			MatrixDim: 256, Repeat: 15, Sched: sched.FromConfig(config.Default().Scheduler), ServerSpin: 200},
