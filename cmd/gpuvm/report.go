@@ -171,7 +171,7 @@ func runReport(c *cli.Context) error {
 		Fairness: bench.FairnessOptions{Board: fairBoard, Policies: sz.fairPolicies, VMs: sz.fairVMs, Duration: sz.fairDuration,
 			MatrixDim: 256, Repeat: 15, Sched: sched.FromConfig(config.Default().Scheduler), ServerSpin: 200},
 		Command:  selfCommand,
-		Commands: reportCommands(modes, names, board, fairBoard, sz),
+		Commands: reportCommands(c, modes, names, board, fairBoard, sz),
 		Progress: prog.update,
 		Logger:   log,
 	}
@@ -241,7 +241,7 @@ func reportBoard(timing, flag string) (sim.Config, error) {
 }
 
 // reportCommands are the commands that reproduce each part of a report.
-func reportCommands(modes, names []string, board, fairBoard sim.Config, sz reportSizes) []string {
+func reportCommands(c *cli.Context, modes, names []string, board, fairBoard sim.Config, sz reportSizes) []string {
 	join := func(xs []int) string {
 		var s []string
 		for _, x := range xs {
@@ -249,7 +249,22 @@ func reportCommands(modes, names []string, board, fairBoard sim.Config, sz repor
 		}
 		return strings.Join(s, ",")
 	}
-	cmds := []string{"gpuvm " + strings.Join(quoteArgs(os.Args[1:]), " ")}
+	self := []string{"gpuvm", "bench", "report"}
+	for _, f := range c.Command.Flags {
+		name := f.Names()[0]
+		if !c.IsSet(name) {
+			continue
+		}
+		switch v := c.Value(name).(type) {
+		case bool:
+			if v {
+				self = append(self, "--"+name)
+			}
+		default:
+			self = append(self, "--"+name, fmt.Sprint(v))
+		}
+	}
+	cmds := []string{strings.Join(quoteArgs(self), " ")}
 	cmds = append(cmds,
 		fmt.Sprintf("gpuvm bench --mode %s -w %s --runs %d --timing %s --matrix-dim %d --loop-iterations %d --copy-size %d --rodinia-scale %d --json",
 			strings.Join(modes, ","), strings.Join(names, ","), sz.runs, board.Timing.Name, sz.params.MatrixDim, sz.params.LoopIterations, sz.params.CopyBytes, max(sz.params.RodiniaScale, 1)),

@@ -41,6 +41,9 @@ func TestBenchReportQuick(t *testing.T) {
 	if err := json.Unmarshal(js, &ev); err != nil {
 		t.Fatal(err)
 	}
+	if len(ev.Commands) == 0 || ev.Commands[0] != "gpuvm bench report --out "+dir+" --quick" {
+		t.Errorf("the report's own command is %q", ev.Commands)
+	}
 	modes := benchModes()
 	if want := len(modes) * len(workloads.Names()); len(ev.Modes.Results) != want {
 		t.Errorf("%d mode results, want every mode × every workload = %d", len(ev.Modes.Results), want)
