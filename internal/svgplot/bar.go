@@ -100,28 +100,7 @@ func (c BarChart) SVG() ([]byte, error) {
 		return nil, err
 	}
 	f.left = yLabelSpace(ys, c.YLabel)
-	// Group names are rotated when they do not fit side by side; the
-	// space below the plot grows to hold them.
-	const angle = 35.0
-	slot := f.width() / float64(len(groups))
-	widest := 0.0
-	for _, g := range groups {
-		widest = max(widest, textWidth(g))
-	}
-	rotate := widest+6 > slot
-	if rotate {
-		// Keep the first rotated label, which extends left of its
-		// group's centre, inside the chart.
-		reach := widest*math.Cos(angle*math.Pi/180) + 4
-		if f.left+slot/2 < reach {
-			// Solve left + (right-left)/(2n) = reach for left.
-			k := 1 / (2 * float64(len(groups)))
-			f.left = (reach - f.right*k) / (1 - k)
-			slot = f.width() / float64(len(groups))
-		}
-		drop := widest*math.Sin(angle*math.Pi/180) + 10
-		f.bottom = h - 18 - min(drop, h/3)
-	}
+	slot, rotate := layoutGroups(&f, groups, h)
 	if f.width() < minPlot || f.height() < minPlot {
 		return nil, wrap(ErrInvalidSize, "%vx%v leaves no room for the plot", w, h)
 	}
@@ -156,15 +135,7 @@ func (c BarChart) SVG() ([]byte, error) {
 		d.p(`<line x1="`, num(f.left), `" y1="`, num(f.bottom), `" x2="`, num(f.right), `" y2="`, num(f.bottom),
 			`" stroke="#000000" stroke-width="1"/>`, "\n")
 	}
-	for i, g := range groups {
-		x := f.left + (float64(i)+0.5)*slot
-		if rotate {
-			y := f.bottom + 14
-			d.text(x, y, g, ` text-anchor="end" transform="rotate(-`+num(angle)+" "+num(x)+" "+num(y)+`)"`)
-		} else {
-			d.text(x, f.bottom+18, g, ` text-anchor="middle"`)
-		}
-	}
+	d.groupNames(f, groups, slot, rotate)
 	d.p("</g>\n")
 
 	d.p(`<g class="legend">`, "\n")
@@ -176,4 +147,49 @@ func (c BarChart) SVG() ([]byte, error) {
 	}
 	d.p("</g>\n</svg>\n")
 	return d.Bytes(), nil
+}
+
+// labelAngle is how far group names are rotated when they do not fit side
+// by side.
+const labelAngle = 35.0
+
+// layoutGroups gives each group an equal slot along the plot's x axis and
+// decides whether the group names must be rotated to fit; if so it moves
+// f.left so that the first rotated name stays inside the chart and raises
+// f.bottom to make room below the plot (at most a third of the height h).
+// It returns the slot width and whether names are rotated.
+func layoutGroups(f *frame, groups []string, h float64) (slot float64, rotate bool) {
+	slot = f.width() / float64(len(groups))
+	widest := 0.0
+	for _, g := range groups {
+		widest = max(widest, textWidth(g))
+	}
+	rotate = widest+6 > slot
+	if rotate {
+		// Keep the first rotated label, which extends left of its
+		// group's centre, inside the chart.
+		reach := widest*math.Cos(labelAngle*math.Pi/180) + 4
+		if f.left+slot/2 < reach {
+			// Solve left + (right-left)/(2n) = reach for left.
+			k := 1 / (2 * float64(len(groups)))
+			f.left = (reach - f.right*k) / (1 - k)
+			slot = f.width() / float64(len(groups))
+		}
+		drop := widest*math.Sin(labelAngle*math.Pi/180) + 10
+		f.bottom = h - 18 - min(drop, h/3)
+	}
+	return slot, rotate
+}
+
+// groupNames writes each group's name under its slot.
+func (d *doc) groupNames(f frame, groups []string, slot float64, rotate bool) {
+	for i, g := range groups {
+		x := f.left + (float64(i)+0.5)*slot
+		if rotate {
+			y := f.bottom + 14
+			d.text(x, y, g, ` text-anchor="end" transform="rotate(-`+num(labelAngle)+" "+num(x)+" "+num(y)+`)"`)
+		} else {
+			d.text(x, f.bottom+18, g, ` text-anchor="middle"`)
+		}
+	}
 }

@@ -1,7 +1,6 @@
 package svgplot
 
 import (
-	"math"
 	"strconv"
 )
 
@@ -108,23 +107,7 @@ func (c StackedBarChart) SVG() ([]byte, error) {
 		return nil, err
 	}
 	f.left = yLabelSpace(ys, c.YLabel)
-	const angle = 35.0
-	slot := f.width() / float64(len(groups))
-	widest := 0.0
-	for _, g := range groups {
-		widest = max(widest, textWidth(g))
-	}
-	rotate := widest+6 > slot
-	if rotate {
-		reach := widest*math.Cos(angle*math.Pi/180) + 4
-		if f.left+slot/2 < reach {
-			k := 1 / (2 * float64(len(groups)))
-			f.left = (reach - f.right*k) / (1 - k)
-			slot = f.width() / float64(len(groups))
-		}
-		drop := widest*math.Sin(angle*math.Pi/180) + 10
-		f.bottom = h - 18 - min(drop, h/3)
-	}
+	slot, rotate := layoutGroups(&f, groups, h)
 	if f.width() < minPlot || f.height() < minPlot {
 		return nil, wrap(ErrInvalidSize, "%vx%v leaves no room for the plot", w, h)
 	}
@@ -156,15 +139,7 @@ func (c StackedBarChart) SVG() ([]byte, error) {
 	d.p(`<g class="x-axis">`, "\n")
 	d.p(`<line x1="`, num(f.left), `" y1="`, num(f.bottom), `" x2="`, num(f.right), `" y2="`, num(f.bottom),
 		`" stroke="#000000" stroke-width="1"/>`, "\n")
-	for i, g := range groups {
-		x := f.left + (float64(i)+0.5)*slot
-		if rotate {
-			y := f.bottom + 14
-			d.text(x, y, g, ` text-anchor="end" transform="rotate(-`+num(angle)+" "+num(x)+" "+num(y)+`)"`)
-		} else {
-			d.text(x, f.bottom+18, g, ` text-anchor="middle"`)
-		}
-	}
+	d.groupNames(f, groups, slot, rotate)
 	d.p("</g>\n")
 
 	d.p(`<g class="legend">`, "\n")
