@@ -49,6 +49,10 @@ type Client struct {
 	out     [EntrySize]byte
 	in      [maxPacket]byte
 
+	// irqMu keeps the ring mapped while WaitIRQ sleepers use it: they
+	// hold it shared; Close takes it to unmap (irq.go).
+	irqMu sync.RWMutex
+
 	dead      atomic.Bool
 	errMu     sync.Mutex
 	err       error
@@ -270,6 +274,7 @@ func (c *Client) fail(err error) error {
 	c.dead.Store(true)
 	if r := c.ring; r != nil {
 		interrupt(r.clientWait)
+		r.interruptIRQ()
 	}
 	return err
 }
@@ -531,8 +536,10 @@ func (c *Client) Close() error {
 			<-c.watchDone
 		}
 		c.mu.Lock()
+		c.irqMu.Lock() // the IRQ sleepers, woken by fail, have left
 		c.ring.unmap()
 		c.ring = nil
+		c.irqMu.Unlock()
 		c.mu.Unlock()
 	})
 	return nil

@@ -25,6 +25,13 @@ func futexWaitWord(w *uint32, val uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
+// futexWaitWordFor sleeps while *w == val, at most d (the caller's own
+// timeout, not futexTimeout). Spurious returns are expected as above.
+func futexWaitWordFor(w *uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
 // futexTimeout bounds every futex sleep.
 const futexTimeout = 250 * time.Millisecond
 

@@ -23,6 +23,7 @@ const (
 	ringHdrReqOffset  = 0x18 // u32
 	ringHdrRspOffset  = 0x1C // u32
 	ringHdrTotalSize  = 0x20 // u32
+	ringHdrFeatures   = 0x24 // u32: RingFeature* bits the server offers (irq.go)
 
 	ringOffReqProd    = 0x040 // written by the client
 	ringOffReqCons    = 0x080 // written by the server
@@ -30,6 +31,8 @@ const (
 	ringOffRspCons    = 0x100 // written by the client
 	ringOffServerWait = 0x140 // server's futex word
 	ringOffClientWait = 0x180 // client's futex word
+	ringOffIRQCount   = 0x1C0 // virtual interrupts raised (irq.go): server increments
+	ringOffIRQWaiters = 0x200 // client threads sleeping on the IRQ count: client
 	ringEntriesOffset = 0x1000
 
 	// MinRingEntries and MaxRingEntries bound each ring's entry count (a
@@ -76,6 +79,12 @@ type ringMap struct {
 
 	reqProd, reqCons, rspProd, rspCons *uint32
 	serverWait, clientWait             *uint32
+
+	// features are the RingFeature bits of the header; irqCount and
+	// irqWaiters are the virtual interrupt's words (irq.go), nil when the
+	// ring does not offer it.
+	features             uint32
+	irqCount, irqWaiters *uint32
 }
 
 func (r *ringMap) word(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
@@ -88,6 +97,14 @@ func newRingMap(mem []byte, l ringLayout) *ringMap {
 	r.rspCons = r.word(ringOffRspCons)
 	r.serverWait = r.word(ringOffServerWait)
 	r.clientWait = r.word(ringOffClientWait)
+	// Read once, at setup: the server wrote it before sending the ring
+	// and it never changes (a client that rewrites it later fools only
+	// itself; the server keeps its own copy).
+	r.features = le.Uint32(mem[ringHdrFeatures:])
+	if r.features&RingFeatureIRQ != 0 {
+		r.irqCount = r.word(ringOffIRQCount)
+		r.irqWaiters = r.word(ringOffIRQWaiters)
+	}
 	return r
 }
 
@@ -137,6 +154,7 @@ func createRing(l ringLayout) (*ringMap, int, error) {
 	le.PutUint32(mem[ringHdrReqOffset:], uint32(l.reqOff))
 	le.PutUint32(mem[ringHdrRspOffset:], uint32(l.rspOff))
 	le.PutUint32(mem[ringHdrTotalSize:], uint32(l.size))
+	le.PutUint32(mem[ringHdrFeatures:], serverRingFeatures)
 	// Seal after sizing: the client can neither shrink (SIGBUS in the
 	// aggregator) nor grow the file, nor change the seals.
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {

@@ -44,9 +44,10 @@ type ServerConn struct {
 	mu       sync.Mutex
 	serving  bool
 	closed   bool
-	ending   bool  // Serve is finishing: cancellation must not touch deadlines
-	stopErr  error // first reason to stop
-	unmapped bool  // Close released the ring
+	ending   bool   // Serve is finishing: cancellation must not touch deadlines
+	stopErr  error  // first reason to stop
+	unmapped bool   // Close released the ring
+	irqs     uint64 // virtual interrupts raised (irq.go)
 	stopped  atomic.Bool
 	done     chan struct{} // closed when Serve returns
 	closeErr error
