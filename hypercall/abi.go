@@ -92,6 +92,8 @@ const (
 	MaxSGEntries = 128
 	// MaxMulticall bounds the calls of one OpMulticall.
 	MaxMulticall = 128
+	// MaxYieldPoints bounds the entry indices of one OpYieldPoints.
+	MaxYieldPoints = 256
 )
 
 // Op is a hypercall operation.
@@ -111,6 +113,9 @@ const (
 	OpBARMap     Op = 10 // map BAR1/BAR3 aperture pages
 	OpBARUnmap   Op = 11 // unmap BAR1/BAR3 aperture pages
 	OpMulticall  Op = 12 // run a list of calls
+	// OpYieldPoints declares scheduling points after GPFIFO entries of a
+	// channel (GLoop's cooperative yield).
+	OpYieldPoints Op = 13
 )
 
 // Kinds of memory objects (OpMemAlloc).
@@ -180,6 +185,7 @@ func Specs() []Spec {
 	pt := Field{"pt", 0, 4, "page-table handle"}
 	idx := Field{"index", 4, 4, "first entry"}
 	cnt := Field{"count", 8, 4, "entries"}
+	cnt4 := Field{"count", 4, 4, "entry indices that follow"}
 	pad := func(off int) Field { return Field{"reserved", off, 4, "must be 0"} }
 	return []Spec{
 		{OpMemAlloc, "MEM_ALLOC", []Field{{"kind", 0, 4, "KindPageDir, KindSmallTable or KindLargeTable"}, pad(4)}, 8, 0, 0,
@@ -204,6 +210,8 @@ func Specs() []Spec {
 			"count", "map aperture pages of the VM's BAR1 or BAR3 and flush the BAR's TLB"},
 		{OpBARUnmap, "BAR_UNMAP", []Field{{"bar", 0, 4, "1 or 3"}, {"page", 4, 4, "first aperture page"}, cnt, pad(12)}, 16, 0, 0,
 			"count", "unmap aperture pages and flush the BAR's TLB"},
+		{OpYieldPoints, "YIELD_POINTS", []Field{{"channel", 0, 4, "the guest's channel id"}, cnt4, pad(8), pad(12)}, 16, 4, MaxYieldPoints,
+			"count", "declare scheduling points after count GPFIFO entries (u32 indices follow) of the channel, not yet submitted, in ring order from its GP_PUT: the dispatcher may run another VM between such an entry and the next"},
 		{OpMulticall, "MULTICALL", nil, 0, 0, MaxMulticall,
 			"calls run", "the arguments are up to 128 calls, each a 16-byte header and its arguments padded to 8 bytes; each gets its own result and value; the multicall's result is the first failing call's"},
 	}

@@ -21,6 +21,10 @@ type Call struct {
 	Count  uint32
 	PTE    uint64   // OpMap, OpMapBatch, OpBARMap
 	PTEs   []uint64 // OpMapSGBatch
+	// Channel is the guest's channel id (OpYieldPoints).
+	Channel uint32
+	// Points are GPFIFO entry indices (OpYieldPoints).
+	Points []uint32
 	// At is the byte offset of the call's header in the slot page, where
 	// its result goes.
 	At int
@@ -129,6 +133,13 @@ func (d *Decoder) decodeOne(op Op, args []byte) (Call, Code) {
 		if rest != int(c.Count)*s.Elem {
 			return c, ErrInval
 		}
+		if s.Elem == 4 {
+			c.Points = make([]uint32, c.Count)
+			for i := range c.Points {
+				c.Points[i] = le32(args, s.Fixed+i*s.Elem)
+			}
+			break
+		}
 		c.PTEs = make([]uint64, c.Count)
 		for i := range c.PTEs {
 			c.PTEs[i] = binary.LittleEndian.Uint64(args[s.Fixed+i*s.Elem:])
@@ -165,6 +176,8 @@ func (c *Call) set(name string, v uint64) bool {
 		c.Count = uint32(v)
 	case "pte":
 		c.PTE = v
+	case "channel":
+		c.Channel = uint32(v)
 	case "reserved":
 		return v == 0
 	}
@@ -198,6 +211,8 @@ func (c *Call) get(name string) uint64 {
 		return uint64(c.Count)
 	case "pte":
 		return c.PTE
+	case "channel":
+		return uint64(c.Channel)
 	}
 	return 0
 }
@@ -254,8 +269,12 @@ func (e *Encoder) Add(c Call) error {
 	if !ok || c.Op == OpMulticall {
 		return ErrNoSys
 	}
-	n := s.Fixed + len(c.PTEs)*s.Elem
-	if s.Elem > 0 && c.Count != uint32(len(c.PTEs)) {
+	elems := len(c.PTEs)
+	if s.Elem == 4 {
+		elems = len(c.Points)
+	}
+	n := s.Fixed + elems*s.Elem
+	if s.Elem > 0 && (c.Count != uint32(elems) || elems > s.MaxElems) {
 		return ErrInval
 	}
 	var at int
@@ -284,6 +303,9 @@ func (e *Encoder) Add(c Call) error {
 	}
 	for i, p := range c.PTEs {
 		binary.LittleEndian.PutUint64(args[s.Fixed+i*s.Elem:], p)
+	}
+	for i, p := range c.Points {
+		binary.LittleEndian.PutUint32(args[s.Fixed+i*s.Elem:], p)
 	}
 	e.at = append(e.at, at)
 	if e.multi {

@@ -2,6 +2,7 @@ package hypercall
 
 import (
 	"encoding/binary"
+	"slices"
 	"testing"
 )
 
@@ -18,6 +19,7 @@ func TestRoundTrip(t *testing.T) {
 		{Op: OpVMFlush, PD: 3},
 		{Op: OpBARMap, BAR: 3, Index: 8, Count: 2, PTE: 0x99},
 		{Op: OpBARUnmap, BAR: 1, Index: 8, Count: 2},
+		{Op: OpYieldPoints, Channel: 2, Count: 3, Points: []uint32{5, 9, 1023}},
 	}
 	d := NewDecoder()
 	for _, c := range calls {
@@ -59,8 +61,11 @@ func sameCall(a, b Call) bool {
 			return false
 		}
 	}
+	if !slices.Equal(a.Points, b.Points) {
+		return false
+	}
 	a.PTEs, b.PTEs, a.At, b.At = nil, nil, 0, 0
-	return a.Op == b.Op && a.Kind == b.Kind && a.Handle == b.Handle && a.RAMIN == b.RAMIN && a.PD == b.PD &&
+	return a.Channel == b.Channel && a.Op == b.Op && a.Kind == b.Kind && a.Handle == b.Handle && a.RAMIN == b.RAMIN && a.PD == b.PD &&
 		a.PDE == b.PDE && a.Small == b.Small && a.Large == b.Large && a.PT == b.PT && a.BAR == b.BAR &&
 		a.Index == b.Index && a.Count == b.Count && a.PTE == b.PTE
 }
@@ -94,6 +99,9 @@ func TestMalformed(t *testing.T) {
 		{"too long", page(OpMemFree, 1, 0, 0), ErrInval},
 		{"sg count over the limit", page(OpMapSGBatch, 1, 0, MaxSGEntries+1, 0), ErrRange},
 		{"sg count and length disagree", page(OpMapSGBatch, 1, 0, 2, 0, 5, 0), ErrInval},
+		{"yield points over the limit", page(OpYieldPoints, 0, MaxYieldPoints+1, 0, 0), ErrRange},
+		{"yield count and length disagree", page(OpYieldPoints, 0, 2, 0, 0, 7), ErrInval},
+		{"yield reserved field set", page(OpYieldPoints, 0, 1, 1, 0, 7), ErrInval},
 		{"empty multicall", page(OpMulticall), ErrInval},
 		{"multicall entry runs off the end", page(OpMulticall, uint32(OpMemFree), 64, 0, 0), ErrInval},
 	} {
@@ -128,6 +136,9 @@ func TestEncoderLimits(t *testing.T) {
 	if _, _, top := NewDecoder().Decode(e.Page()); top != OK {
 		t.Errorf("full multicall: %v", top)
 	}
+	if err := NewEncoder(false).Add(Call{Op: OpYieldPoints, Count: MaxYieldPoints + 1, Points: make([]uint32, MaxYieldPoints+1)}); err != ErrInval {
+		t.Errorf("encoding %d yield points: %v, want ErrInval", MaxYieldPoints+1, err)
+	}
 	one := NewEncoder(false)
 	_ = one.Add(Call{Op: OpVMFlush})
 	if err := one.Add(Call{Op: OpVMFlush}); err != ErrFull {
@@ -159,7 +170,7 @@ func FuzzDecode(f *testing.F) {
 			if codes[i] != OK {
 				continue
 			}
-			if len(c.PTEs) > MaxSGEntries || c.At < 0 || c.At+HeaderSize > PageSize {
+			if len(c.PTEs) > MaxSGEntries || len(c.Points) > MaxYieldPoints || c.At < 0 || c.At+HeaderSize > PageSize {
 				t.Fatalf("call %d: %d PTEs at %d", i, len(c.PTEs), c.At)
 			}
 			re := NewEncoder(false)
