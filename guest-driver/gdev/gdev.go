@@ -65,6 +65,7 @@ type Context struct {
 	paramSeq   [paramSlots]uint32
 	allocs     map[uint64]DevPtr
 	hostAllocs map[uint64]HostBuf
+	yield      bool // a scheduling point after each launch (SetYield)
 }
 
 // NewContext creates a context (address space + channel) on a nouveau
@@ -349,7 +350,8 @@ func (c *Context) Launch(f Function, params ...uint64) error { return c.LaunchRe
 
 // LaunchRepeat queues the kernel times times back to back in one push
 // buffer: a single submission that keeps the (non-preemptive) GPU times as
-// long — the thesis' "long" workloads.
+// long — the thesis' "long" workloads. With SetYield on, each launch is
+// its own entry of the submission, with a scheduling point between them.
 func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 	if times < 1 || times > maxRepeat {
 		return fmt.Errorf("launch %v: repeat count %d outside 1..%d", f.ID, times, maxRepeat)
@@ -369,11 +371,25 @@ func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 	off := uint64(slot * paramSlot)
 	c.writeObj(c.params, off, buf)
 	cb := c.params.VA + off
-	seq, err := c.eng.submit(append([]uint32{
+	setup := []uint32{
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCodeAddrHi, 2), uint32(c.code.VA >> 32), uint32(c.code.VA),
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdCBSize, 3), uint32(len(buf)), uint32(cb >> 32), uint32(cb),
 		nvc0.Incr(nouveau.SubcCompute, nvc0.ComputeMthdStartID, 1), f.startID,
-	}, launches(times)...), c.code.handle, c.params.handle)
+	}
+	var seq uint32
+	var err error
+	if c.yield && times > 1 {
+		// One entry per kernel, a scheduling point between them. Each
+		// entry sets the kernel up again: another VM's channel may run
+		// between two of them.
+		parts := make([][]uint32, times)
+		for i := range parts {
+			parts[i] = append(append([]uint32(nil), setup...), launches(1)...)
+		}
+		seq, err = c.eng.(yielder).submitYield(parts, c.code.handle, c.params.handle)
+	} else {
+		seq, err = c.eng.submit(append(setup, launches(times)...), c.code.handle, c.params.handle)
+	}
 	if err != nil {
 		return fmt.Errorf("launch %v: %w", f.ID, err)
 	}
