@@ -102,6 +102,10 @@ type dispatcher struct {
 	// Set by onEnded.
 	ended map[*VGPU]func()
 
+	// points are the guest channels' declared scheduling points, not yet
+	// released (cooperative yield, yield.go).
+	points map[chanKey]*yieldPoints
+
 	stops sync.WaitGroup // watchdog stops in progress
 }
 
@@ -158,6 +162,7 @@ func (d *dispatcher) removeVM(v *VGPU) {
 	}
 	d.nqueued -= len(d.queues[v.ID])
 	delete(d.queues, v.ID)
+	d.dropVMPoints(v)
 	delete(d.accounts, v.ID)
 	_ = d.policy.RemoveVM(sched.VMID(v.ID), d.clock.Now())
 	d.mu.Unlock()
@@ -193,6 +198,7 @@ func (d *dispatcher) channelStopped(v *VGPU, ch int) {
 	if s := d.pending[chanKey{v.ID, ch}]; s != nil {
 		s.void = true
 	}
+	d.dropPoints(v, ch)
 	for _, s := range d.inflight {
 		if s.v == v && s.ch == ch {
 			s.void = true
@@ -311,6 +317,10 @@ type DispatchStats struct {
 	// Completed counts the submissions the dispatcher saw end (completed,
 	// faulted or stopped).
 	Completed uint64
+	// Splits counts the submissions cut at a guest's scheduling point
+	// (cooperative yield): each cut releases one part and queues the rest
+	// as a new submission.
+	Splits uint64
 }
 
 // DispatchStats returns the dispatcher's decision counts and costs so far.
@@ -400,8 +410,14 @@ func (d *dispatcher) release(id int, now time.Duration) {
 	if s.void {
 		return // completes at the next reap, without touching the GPU
 	}
-	s.start, _ = d.gpGet(s)
+	var err error
+	s.start, err = d.gpGet(s)
 	s.mirrored = s.start
+	if err == nil && d.points != nil {
+		if rest := d.cut(s); rest != nil {
+			d.requeue(rest, now)
+		}
+	}
 	d.a.phys.doorbell(s.phys, s.put)
 }
 

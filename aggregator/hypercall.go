@@ -51,17 +51,18 @@ type hcHandler func(v *VGPU, c *hypercall.Call) (uint32, hypercall.Code)
 // hcHandlers is the table of operations (OpMulticall is the caller's).
 func hcHandlers() map[hypercall.Op]hcHandler {
 	return map[hypercall.Op]hcHandler{
-		hypercall.OpMemAlloc:   hcMemAlloc,
-		hypercall.OpMemFree:    hcMemFree,
-		hypercall.OpSetPGD:     hcSetPGD,
-		hypercall.OpMapPGT:     hcMapPGT,
-		hypercall.OpMap:        hcMap,
-		hypercall.OpMapBatch:   hcMapBatch,
-		hypercall.OpMapSGBatch: hcMapSG,
-		hypercall.OpUnmapBatch: hcUnmap,
-		hypercall.OpVMFlush:    hcVMFlush,
-		hypercall.OpBARMap:     hcBARMap,
-		hypercall.OpBARUnmap:   hcBARUnmap,
+		hypercall.OpMemAlloc:    hcMemAlloc,
+		hypercall.OpMemFree:     hcMemFree,
+		hypercall.OpSetPGD:      hcSetPGD,
+		hypercall.OpMapPGT:      hcMapPGT,
+		hypercall.OpMap:         hcMap,
+		hypercall.OpMapBatch:    hcMapBatch,
+		hypercall.OpMapSGBatch:  hcMapSG,
+		hypercall.OpUnmapBatch:  hcUnmap,
+		hypercall.OpVMFlush:     hcVMFlush,
+		hypercall.OpBARMap:      hcBARMap,
+		hypercall.OpBARUnmap:    hcBARUnmap,
+		hypercall.OpYieldPoints: hcYieldPoints,
 	}
 }
 
