@@ -124,6 +124,7 @@ func (b *PVDRMBackend) opHello(r pvdrm.Request) (map[string]uint64, int32) {
 	if b.pooling {
 		offer |= pvdrm.FeaturePooling
 	}
+	offer |= pvdrm.FeatureYield // the back end's driver declares points (PV)
 	b.features = r.Args["features"] & offer
 	return map[string]uint64{"version": min(r.Args["version"], pvdrm.Version), "max_files": pvdrmMaxFiles, "features": b.features}, 0
 }
@@ -249,7 +250,12 @@ func (b *PVDRMBackend) opPushbuf(_ context.Context, f *pvFile, r pvdrm.Request) 
 		used = append(used, g)
 	}
 	segs := make([]nouveau.Segment, 0, len(r.Push))
+	points := make([]bool, 0, len(r.Push))
 	for _, p := range r.Push {
+		if p.Flags&pvdrm.PushYield != 0 && b.features&pvdrm.FeatureYield == 0 {
+			return nil, -pvdrm.EINVAL // a scheduling point the file was not granted
+		}
+		points = append(points, p.Flags&pvdrm.PushYield != 0)
 		g := f.gems[p.Handle]
 		if g == nil || !slices.Contains(r.Buffers, p.Handle) {
 			return nil, -pvdrm.EINVAL // every segment's buffer must be listed
@@ -263,10 +269,13 @@ func (b *PVDRMBackend) opPushbuf(_ context.Context, f *pvFile, r pvdrm.Request) 
 	if err := c.ch.Fault(); err != nil {
 		return nil, -pvdrm.EIO
 	}
-	seq, err := c.ch.SubmitSegments(segs)
+	seq, err := c.ch.SubmitSegmentsYield(segs, points)
 	if err != nil {
 		b.v.gripeLog("pvdrm pushbuf", "err", err)
-		return nil, -pvdrm.EIO
+		if seq == 0 {
+			return nil, -pvdrm.EIO
+		}
+		// Submitted without its points: the work runs, unsplit.
 	}
 	c.last = seq
 	for _, g := range used {

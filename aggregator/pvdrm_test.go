@@ -71,6 +71,13 @@ func startPVDRM(t testing.TB, agg *Aggregator, name, mode string) *pvdrmGuest {
 // back end is attached and before it serves.
 func startPVDRMWith(t testing.TB, agg *Aggregator, name, mode string, before func(*pvdrmGuest)) *pvdrmGuest {
 	t.Helper()
+	return startPVDRMFeatures(t, agg, name, mode, pvdrm.Features, before)
+}
+
+// startPVDRMFeatures is startPVDRMWith for a front end that asks for
+// features at HELLO.
+func startPVDRMFeatures(t testing.TB, agg *Aggregator, name, mode string, features uint64, before func(*pvdrmGuest)) *pvdrmGuest {
+	t.Helper()
 	g := &pvdrmGuest{}
 	var err error
 	if g.gart, err = hostmem.New(name+"-gart", 128<<20); err != nil {
@@ -101,7 +108,7 @@ func startPVDRMWith(t testing.TB, agg *Aggregator, name, mode string, before fun
 	g.cancel, g.served = cancel, make(chan error, 1)
 	go func() { g.served <- g.b.Serve(ctx) }()
 	t.Cleanup(func() { g.stop(t) })
-	if g.c, err = pvdrm.Connect(context.Background(), g.front, pvdrm.Features); err != nil {
+	if g.c, err = pvdrm.Connect(context.Background(), g.front, features); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.c.Close() })

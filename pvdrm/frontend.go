@@ -71,9 +71,9 @@ func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
 	if err != nil {
 		return fe, errors.Join(fmt.Errorf("pvdrm front end: %w", err), local.Close())
 	}
-	var features uint64
+	var features uint64 = FeatureYield // PUSHBUF may then carry scheduling points
 	if cfg.Mode == "pvdrm-pooling" {
-		features = FeaturePooling
+		features |= FeaturePooling
 	}
 	if fe.Client, err = Connect(ctx, local, features); err != nil {
 		return fe, err

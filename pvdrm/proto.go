@@ -13,9 +13,17 @@ const (
 	// (GEM pooling) and may answer GEM_NEW with a buffer whose pages are
 	// already shared.
 	FeaturePooling = 1 << 0
+	// FeatureYield: PUSHBUF segments may carry PushYield (scheduling
+	// points, GLoop's cooperative yield).
+	FeatureYield = 1 << 1
 	// Features is every feature this package knows.
-	Features = FeaturePooling
+	Features = FeaturePooling | FeatureYield
 )
+
+// PushYield in a PUSHBUF segment's flags declares a scheduling point after
+// the segment: the scheduler may run another VM between it and what the
+// channel runs next (only with FeatureYield granted).
+const PushYield = 1 << 0
 
 // Slot layout of a request and of a response (SlotSize bytes each).
 const (
@@ -126,7 +134,7 @@ func Specs() []Spec {
 			[]Field{{"share", 0, 4, "transport share id of the buffer's pages"}, {"pages", 4, 4, "pages shared"}, {"offset", 8, 8, "transport-specific offset"}},
 			"share a GART buffer's pages with the guest (local: an offset in the shared memfd; xen: a page of grant references)"},
 		{OpPushbuf, "PUSHBUF", true,
-			[]Field{{"channel", 0, 4, "channel handle"}, {"nr_buffers", 4, 4, "buffers used (≤ 8), handles at 8"}, {"nr_push", 40, 4, "push segments (≤ 4), at 48: handle u32, reserved u32, offset u32, length u32"}},
+			[]Field{{"channel", 0, 4, "channel handle"}, {"nr_buffers", 4, 4, "buffers used (≤ 8), handles at 8"}, {"nr_push", 40, 4, "push segments (≤ 4), at 48: handle u32, flags u32 (PushYield), offset u32, length u32"}},
 			[]Field{{"fence", 0, 8, "sequence number the submission signals"}},
 			"submit push-buffer segments held in the file's own buffers; every buffer they and the methods use must be listed and owned by the file"},
 		{OpCPUPrep, "CPU_PREP", true, []Field{h, {"timeout_ns", 8, 8, "how long to wait; 0: do not wait"}}, nil,
@@ -163,9 +171,11 @@ type Request struct {
 	Push    []PushEntry
 }
 
-// PushEntry is one push-buffer segment: length bytes at offset in a buffer.
+// PushEntry is one push-buffer segment: length bytes at offset in a
+// buffer, and its flags (PushYield).
 type PushEntry struct {
 	Handle, Offset, Length uint32
+	Flags                  uint32
 }
 
 // Codec encodes and decodes requests and responses by the table Specs()
@@ -211,10 +221,11 @@ func (d *Codec) Decode(slot []byte) (Request, int32) {
 		}
 		for i := range int(np) {
 			e := args[48+16*i:]
-			if binary.LittleEndian.Uint32(e[4:]) != 0 {
+			flags := binary.LittleEndian.Uint32(e[4:])
+			if flags&^PushYield != 0 {
 				return r, -EINVAL
 			}
-			r.Push = append(r.Push, PushEntry{Handle: binary.LittleEndian.Uint32(e), Offset: binary.LittleEndian.Uint32(e[8:]), Length: binary.LittleEndian.Uint32(e[12:])})
+			r.Push = append(r.Push, PushEntry{Handle: binary.LittleEndian.Uint32(e), Flags: flags, Offset: binary.LittleEndian.Uint32(e[8:]), Length: binary.LittleEndian.Uint32(e[12:])})
 		}
 	}
 	return r, 0
@@ -262,6 +273,7 @@ func (d *Codec) EncodeRequest(slot []byte, r Request) error {
 		for i, p := range r.Push {
 			e := args[48+16*i:]
 			binary.LittleEndian.PutUint32(e, p.Handle)
+			binary.LittleEndian.PutUint32(e[4:], p.Flags)
 			binary.LittleEndian.PutUint32(e[8:], p.Offset)
 			binary.LittleEndian.PutUint32(e[12:], p.Length)
 		}

@@ -19,7 +19,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		}
 		if s.Op == OpPushbuf {
 			r.Buffers = []uint32{5, 6}
-			r.Push = []PushEntry{{5, 0x100, 0x40}}
+			r.Push = []PushEntry{{5, 0x100, 0x40, PushYield}}
 			r.Args["nr_buffers"], r.Args["nr_push"] = 2, 1
 		}
 		if err := d.EncodeRequest(slot, r); err != nil {
@@ -71,7 +71,8 @@ func TestRequestRefused(t *testing.T) {
 		{"PUSHBUF with 9 buffers", mk(OpPushbuf, 1, func(a []byte) { a[4], a[40] = 9, 1 }), -EINVAL},
 		{"PUSHBUF with 5 segments", mk(OpPushbuf, 1, func(a []byte) { a[40] = 5 }), -EINVAL},
 		{"PUSHBUF with no segment", mk(OpPushbuf, 1, nil), -EINVAL},
-		{"PUSHBUF segment with its reserved word set", mk(OpPushbuf, 1, func(a []byte) { a[40], a[52] = 1, 1 }), -EINVAL},
+		{"PUSHBUF segment with an unknown flag", mk(OpPushbuf, 1, func(a []byte) { a[40], a[52] = 1, 2 }), -EINVAL},
+		{"PUSHBUF segment with flag bit 31", mk(OpPushbuf, 1, func(a []byte) { a[40], a[55] = 1, 0x80 }), -EINVAL},
 	} {
 		if _, errno := d.Decode(tc.slot); errno != tc.want {
 			t.Errorf("%s: errno %d, want %d", tc.what, errno, tc.want)
@@ -85,7 +86,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	d := NewCodec()
 	slot := make([]byte, SlotSize)
 	_ = d.EncodeRequest(slot, Request{ID: 1, Op: OpPushbuf, File: 1, Args: map[string]uint64{"channel": 1, "nr_buffers": 1, "nr_push": 1},
-		Buffers: []uint32{2}, Push: []PushEntry{{2, 0, 64}}})
+		Buffers: []uint32{2}, Push: []PushEntry{{2, 0, 64, 0}}})
 	f.Add(append([]byte(nil), slot...))
 	_ = d.EncodeRequest(slot, Request{ID: 2, Op: OpGEMNew, File: 1, Args: map[string]uint64{"size": 4096, "domain": DomainGART, "flags": GEMMappable}})
 	f.Add(append([]byte(nil), slot...))
