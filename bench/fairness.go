@@ -39,6 +39,9 @@ type FairnessOptions struct {
 	// min/max measures are taken over each VM's usage divided by its
 	// weight, so 1 means every VM got its weighted share.
 	Weights []int
+	// Yield has the long-madd VMs declare a scheduling point after each
+	// kernel (cooperative yield, GLoop): their modes must be PV.
+	Yield bool
 	// ServerSpin is the aggregator's IPC spin budget per VM connection
 	// (ipc.ListenOptions.Spin; 0: the package default, negative: never).
 	ServerSpin int
@@ -55,6 +58,9 @@ type FairnessRun struct {
 	Modes []string `json:"modes"`
 	// Weights is each VM's scheduling weight, in VM order.
 	Weights []int `json:"weights"`
+	// Yield: the long-madd VMs declared a scheduling point after each
+	// kernel.
+	Yield bool `json:"yield,omitempty"`
 	// Share is each VM's share of the GPU time the VMs used over the run
 	// (the first 500 ms window left out), and Target its weighted share,
 	// weight / sum of weights: MinMaxRun is the smallest Share/Target over
@@ -187,7 +193,7 @@ func runFairnessOne(ctx context.Context, o FairnessOptions, policy string, n int
 // runLoads runs one VM process per entry of kinds under policy for duration.
 func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []string, duration time.Duration) (FairnessRun, error) {
 	n := len(kinds)
-	run := FairnessRun{Policy: policy, VMs: n, Usage: map[string]map[string][]float64{}, Throughput: map[string]float64{}, MeanIterationNs: map[string]float64{},
+	run := FairnessRun{Policy: policy, VMs: n, Yield: o.Yield, Usage: map[string]map[string][]float64{}, Throughput: map[string]float64{}, MeanIterationNs: map[string]float64{},
 		Share: map[string]float64{}, Target: map[string]float64{}}
 	weightOf := map[string]int{}
 	for i := range n {
@@ -237,6 +243,9 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 		args := []string{"devmodel", "--socket", srv.socket(), "--mode", mode, "--domid", strconv.Itoa(i + 1), "--name", vmName(i),
 			"--ram", "64MiB", "--fairness", kind, "--duration", duration.String(),
 			"--matrix-dim", strconv.Itoa(o.MatrixDim), "--repeat", strconv.Itoa(o.Repeat), "--start-gate", gate, "--json"}
+		if o.Yield {
+			args = append(args, "--yield")
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

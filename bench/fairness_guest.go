@@ -20,7 +20,10 @@ type GuestLoad struct {
 	Iterations int     `json:"iterations"`
 	MeanIterNs float64 `json:"mean_iteration_ns"`
 	Verified   bool    `json:"verified"`
-	Error      string  `json:"error,omitempty"`
+	// Yield: the load declared a scheduling point after each kernel
+	// (cooperative yield; long-madd only).
+	Yield bool   `json:"yield,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // FairnessKinds are the two loads of the thesis' Fig. 4.11 experiment.
@@ -30,11 +33,15 @@ func FairnessKinds() []string { return []string{"madd", "long-madd"} }
 // kernel per submission) or a long-madd (repeat kernels in one submission,
 // 15× the work) on its vGPU for duration, then verifies the result.
 //
+// With yield, a long-madd declares a scheduling point after each of its
+// kernels (gdev's SetYield: the PV and pvdrm modes), so that the scheduler may run
+// another VM between them; a madd, one kernel, has nothing to yield.
+//
 // With gate set (a directory), it writes gate/ready-DOMID once it is set up
 // and starts looping only when gate/go exists, so that VMs whose set-up
 // takes different times (a trapping FV driver against a PV one on a
 // loaded host) all load the GPU over the same period.
-func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim, repeat int, duration time.Duration, gate string) (load GuestLoad, err error) {
+func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim, repeat int, duration time.Duration, gate string, yield bool) (load GuestLoad, err error) {
 	load.Kind = kind
 	times := 1
 	switch kind {
@@ -54,6 +61,12 @@ func RunFairnessGuest(ctx context.Context, cfg devmodel.Config, kind string, dim
 		return load, err
 	}
 	defer func() { err = errors.Join(err, gctx.Close()) }()
+	if yield && times > 1 {
+		if err := gctx.SetYield(true); err != nil {
+			return load, fmt.Errorf("fairness load %s in mode %s: %w", kind, cfg.Mode, err)
+		}
+		load.Yield = true
+	}
 	fn, err := gctx.LoadFunction(nvc0.KernelMadd)
 	if err != nil {
 		return load, err

@@ -54,6 +54,7 @@ func devmodelCommand() *cli.Command {
 			&cli.IntFlag{Name: "rodinia-scale", Value: 1, Usage: "divide the linear input sizes of bp, hs, lud, nn, srad and srad2 by this (1: Rodinia's sizes)"},
 			&cli.StringFlag{Name: "fairness", Usage: "instead of workloads, loop this fairness load (madd or long-madd) for --duration and print a JSON summary"},
 			&cli.DurationFlag{Name: "duration", Value: 5 * time.Second, Usage: "how long a --fairness load runs"},
+			&cli.BoolFlag{Name: "yield", Usage: "with --fairness long-madd: declare a scheduling point after each kernel (cooperative yield; PV and pvdrm modes)"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission; with --contexts, kernel runs per instance"},
 			&cli.IntFlag{Name: "contexts", Usage: "instead of workloads, run this many madd applications at once, each in its own GPU context, its kernel run --repeat times, and print their phase times as JSON (the contexts experiment, thesis Fig. 4.10)"},
 			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness or --contexts: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
@@ -103,7 +104,7 @@ func runDevmodel(c *cli.Context) error {
 		return runContextsGuest(c, cfg, n)
 	}
 	if kind := c.String("fairness"); kind != "" {
-		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"), c.Path("start-gate"))
+		load, err := bench.RunFairnessGuest(c.Context, cfg, kind, c.Int("matrix-dim"), c.Int("repeat"), c.Duration("duration"), c.Path("start-gate"), c.Bool("yield"))
 		err = noDaemonHint(err, "gpuvm serve", "--socket")
 		if jerr := bench.WriteJSONValue(c.App.Writer, load); jerr != nil {
 			return jerr

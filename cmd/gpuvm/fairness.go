@@ -36,6 +36,7 @@ func fairnessCommand() *cli.Command {
 			&cli.DurationFlag{Name: "duration", Value: 6 * time.Second, Usage: "length of each run"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 256, Usage: "madd matrix dimension"},
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission"},
+			&cli.BoolFlag{Name: "yield", Usage: "long-madd declares a scheduling point after each kernel (GLoop's cooperative yield), so the scheduler may run another VM between them; needs --modes of PV modes (" + strings.Join(yieldModes(), ", ") + ")"},
 			&cli.StringFlag{Name: "timing", Value: "none", Usage: "board timing model: none or fermi"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON instead of the table"},
 			&cli.PathFlag{Name: "svg", Usage: "write usage charts (SVG) to this directory"},
@@ -76,6 +77,16 @@ func runFairness(c *cli.Context) error {
 			modes = append(modes, m)
 		}
 	}
+	if c.Bool("yield") {
+		if len(modes) == 0 {
+			return usageError("--yield: give --modes, each one of %s", strings.Join(yieldModes(), ", "))
+		}
+		for _, m := range modes {
+			if !slices.Contains(yieldModes(), m) {
+				return usageError("--yield: mode %s cannot declare scheduling points (have %s)", m, strings.Join(yieldModes(), ", "))
+			}
+		}
+	}
 	var weights []int
 	if c.IsSet("weights") {
 		for _, f := range strings.Split(c.String("weights"), ",") {
@@ -113,7 +124,7 @@ func runFairness(c *cli.Context) error {
 	}
 	rep, err := bench.RunFairness(c.Context, bench.FairnessOptions{
 		Board: boardCfg, Policies: policies, VMs: vms, Modes: modes, Weights: weights, Duration: c.Duration("duration"),
-		MatrixDim: c.Int("matrix-dim"), Repeat: c.Int("repeat"), Sched: sched.FromConfig(cfg.Scheduler),
+		MatrixDim: c.Int("matrix-dim"), Repeat: c.Int("repeat"), Sched: sched.FromConfig(cfg.Scheduler), Yield: c.Bool("yield"),
 		Command: selfCommand, Logger: log, ServerSpin: c.Int("ipc-spin"),
 		Progress: func(msg string) { fmt.Fprintln(c.App.ErrWriter, msg) },
 	})
@@ -130,6 +141,12 @@ func runFairness(c *cli.Context) error {
 		return bench.WriteJSONValue(c.App.Writer, rep)
 	}
 	return writeFairnessTable(c.App.Writer, rep)
+}
+
+// yieldModes are the modes whose guests can declare scheduling points
+// (the YIELD_POINTS hypercall; pvdrm's PushYield).
+func yieldModes() []string {
+	return []string{string(config.ModePVNaive), string(config.ModePVMulticall), string(config.ModePVDRM), string(config.ModePVDRMPooling)}
 }
 
 func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
@@ -160,7 +177,7 @@ func writeFairnessTable(w io.Writer, rep bench.FairnessReport) error {
 				st = append(st, fmt.Sprintf("%.3f/%.3f", r.Share[name], t))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, r.MinMaxRun, r.MinMax500, r.MinMax100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), strings.Join(r.Modes, ","), strings.Join(st, " "))
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Policy, r.VMs, r.Jain500, r.Jain100, r.MinMaxRun, r.MinMax500, r.MinMax100, 100*r.GPUBusy, madd, long, ov("madd"), ov("long-madd"), modesOf(r), strings.Join(st, " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -219,4 +236,14 @@ func writeFairnessSVGs(dir string, rep bench.FairnessReport) error {
 		return os.WriteFile(filepath.Join(dir, "overhead-vs-fifo.svg"), svg, 0o644)
 	}
 	return nil
+}
+
+// modesOf is a run's MODES column: the VMs' modes, and whether the
+// long-madd VMs yielded.
+func modesOf(r bench.FairnessRun) string {
+	m := strings.Join(r.Modes, ",")
+	if r.Yield {
+		m += " +yield"
+	}
+	return m
 }
