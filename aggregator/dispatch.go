@@ -109,14 +109,18 @@ type dispatcher struct {
 	stops sync.WaitGroup // watchdog stops in progress
 }
 
-// onEnded has f called whenever a submission of v ends (see ended). The
-// caller holds v.mu and has checked that v is not torn down, so dropVM
-// is still to come and forgets f.
+// onEnded has f called whenever a submission of v ends (see ended), after
+// the funcs registered for v before it (a pvdrm back end's waiters, the
+// VM's virtual interrupt: irq.go). The caller holds v.mu and has checked
+// that v is not torn down, so dropVM is still to come and forgets f.
 func (d *dispatcher) onEnded(v *VGPU, f func()) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ended == nil {
 		d.ended = map[*VGPU]func(){}
+	}
+	if prev, next := d.ended[v], f; prev != nil {
+		f = func() { prev(); next() }
 	}
 	d.ended[v] = f
 }

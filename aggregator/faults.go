@@ -228,6 +228,7 @@ func (v *VGPU) deliverFault(u int, rec errreport.Fault) {
 		v.ctr.reportsDropped.Add(1)
 	}
 	v.ctr.faultReports.Add(1)
+	v.raiseIRQ() // the guest looks at its fault registers
 }
 
 // deliverPBDMA queues a translated PBDMA error for the guest.
@@ -236,6 +237,7 @@ func (v *VGPU) deliverPBDMA(p int, e errreport.PBDMAError) {
 		v.ctr.reportsDropped.Add(1)
 	}
 	v.ctr.faultReports.Add(1)
+	v.raiseIRQ() // the guest looks at its fault registers
 }
 
 // reportKilled makes guest channel i's stop by the aggregator (its

@@ -145,6 +145,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		return
 	}
 	v.onHangup(conn.End)
+	a.wireIRQ(v, conn)
 	err = conn.Serve(ctx, v)
 	var ended *ipc.EndedError
 	switch {

@@ -67,6 +67,9 @@ type VGPU struct {
 
 	ctr counters
 
+	// irq raises the VM's virtual interrupt (irq.go).
+	irq vgpuIRQ
+
 	// The VM's connection: hangup ends it with a reason (set once the
 	// connection is up); gone is why the vGPU was destroyed, once it was.
 	// Under hangMu.
