@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/internal/buspipe"
@@ -51,6 +52,9 @@ type Config struct {
 	PostedWrites bool
 	Logger       *slog.Logger
 }
+
+// The guest driver finds the vGPU's interrupt line through its MMIO.
+var _ gpu.Interrupter = (*Device)(nil)
 
 // Device is a VM's virtual GPU: its guest RAM, its connection to the
 // aggregator, and (with remap) its mapped aperture pages.
@@ -228,6 +232,27 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 		return
 	}
 	_ = d.client.Write32Sync(bar, off, v)
+}
+
+// IRQCount returns the vGPU's interrupt count and whether the aggregator
+// raises interrupts for it (gpu.Interrupter; ipc feature IRQ, shm
+// transport only). The device model delivers the interrupt to the guest
+// driver running in this process by letting it sleep on the count.
+func (d *Device) IRQCount() (uint32, bool) {
+	if !d.client.InterruptsOffered() {
+		return 0, false
+	}
+	return d.client.IRQCount(), true
+}
+
+// WaitIRQ sleeps until the vGPU's interrupt count differs from seen or
+// timeout passed (gpu.Interrupter). It fails once the connection ended.
+func (d *Device) WaitIRQ(seen uint32, timeout time.Duration) (uint32, error) {
+	n, err := d.client.WaitIRQ(seen, timeout)
+	if err != nil {
+		return n, fmt.Errorf("device model: interrupt: %w", err)
+	}
+	return n, nil
 }
 
 // TrapCost returns what the device model charges per trapped access.

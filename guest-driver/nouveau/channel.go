@@ -419,17 +419,44 @@ func (c *Channel) fenceValue() uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&c.fence.Bytes[0])))
 }
 
-// WaitFence polls semaphore memory until it reaches seq, checking the channel
-// for a fault every FaultPoll and giving up after the driver's timeout.
+// WaitFence waits until the channel's fence semaphore reaches seq. It
+// spins briefly (most fences complete within microseconds); then, on a GPU
+// that delivers interrupts (gpu.Interrupter), it sleeps on the interrupt
+// (irq.go); otherwise it polls, checking the channel for a fault every
+// FaultPoll. It gives up after the driver's timeout.
 func (c *Channel) WaitFence(seq uint32) error {
-	start := time.Now()
-	nextCheck := start.Add(c.d.opts.FaultPoll)
-	for i := 0; ; i++ {
-		if int32(c.fenceValue()-seq) >= 0 {
+	var seen uint32
+	irq := c.d.irq
+	if irq != nil {
+		seen, _ = irq.IRQCount() // before the check: an interrupt after it wakes the sleep
+	}
+	for range fenceSpin {
+		if c.fencePassed(seq) {
 			return nil
 		}
-		if i < 256 {
-			continue // spin briefly: most fences complete within microseconds
+	}
+	if irq != nil {
+		return c.sleepFence(seq, seen)
+	}
+	return c.pollFence(seq)
+}
+
+// fenceSpin is how many times WaitFence checks the fence before it sleeps
+// or naps.
+const fenceSpin = 256
+
+// fencePassed reports whether the fence reached seq.
+func (c *Channel) fencePassed(seq uint32) bool { return int32(c.fenceValue()-seq) >= 0 }
+
+// pollFence polls semaphore memory until it reaches seq, checking the
+// channel for a fault every FaultPoll and giving up after the driver's
+// timeout: the wait on a GPU without interrupts.
+func (c *Channel) pollFence(seq uint32) error {
+	start := time.Now()
+	nextCheck := start.Add(c.d.opts.FaultPoll)
+	for i := fenceSpin; ; i++ {
+		if c.fencePassed(seq) {
+			return nil
 		}
 		now := time.Now()
 		if now.After(nextCheck) {

@@ -66,7 +66,14 @@ func (m PVMode) String() string {
 type Options struct {
 	PageTables PTPath
 	Timeout    time.Duration // longest wait for any GPU operation; default 10 s
-	FaultPoll  time.Duration // how often a fence wait checks the channel for a fault; default 1 ms
+	FaultPoll  time.Duration // how often a polling fence wait checks the channel for a fault; default 1 ms
+	// IRQPoll is how long a fence wait sleeps on the GPU's interrupt
+	// before it checks the channel for a fault anyway (irq.go); default
+	// 50 ms.
+	IRQPoll time.Duration
+	// PollFences makes fence waits poll even on a GPU that delivers
+	// interrupts (gpu.Interrupter), as on one that does not.
+	PollFences bool
 	Logger     *slog.Logger
 	// BAR1Size and BAR3Size are the usable aperture sizes (a virtual GPU may
 	// offer only a slice of each); 0 means the whole BAR.
@@ -84,6 +91,9 @@ func (o *Options) fill() {
 	}
 	if o.FaultPoll == 0 {
 		o.FaultPoll = time.Millisecond
+	}
+	if o.IRQPoll == 0 {
+		o.IRQPoll = defaultIRQPoll
 	}
 	if o.BAR1Size == 0 || o.BAR1Size > nvc0.BAR1Size {
 		o.BAR1Size = nvc0.BAR1Size
@@ -113,8 +123,9 @@ type Device struct {
 	prMu      sync.Mutex // serialises PRAMIN window use
 	window    uint64     // current PRAMIN window base (prMu)
 	windowSet bool
-	flushMu   sync.Mutex // serialises TLB flush sequences
-	pv        *pvClient  // the hypercall client in PV modes, nil in PVOff
+	flushMu   sync.Mutex      // serialises TLB flush sequences
+	pv        *pvClient       // the hypercall client in PV modes, nil in PVOff
+	irq       gpu.Interrupter // the GPU's interrupt line, nil if fence waits poll (irq.go)
 
 	errMu sync.Mutex                    // serialises error collection; guards errs
 	errs  [nvc0.MaxChannels]*FaultError // each channel's first error report (intr.go)
@@ -134,7 +145,7 @@ type Device struct {
 // the poll area.
 func Open(mmio gpu.MMIO, host HostMemory, opts Options) (*Device, error) {
 	opts.fill()
-	d := &Device{mmio: mmio, host: host, opts: opts, log: opts.Logger}
+	d := &Device{mmio: mmio, host: host, opts: opts, log: opts.Logger, irq: interrupter(mmio, opts)}
 	boot0 := mmio.Read32(nvc0.BAR0, nvc0.RegBoot0)
 	if boot0 == nvc0.ReadAllOnes {
 		return nil, fmt.Errorf("open: PMC_BOOT_0: %w", ErrDeviceGone)

@@ -1,0 +1,70 @@
+package nouveau
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu"
+)
+
+// Fence waits on the GPU's interrupt. A GPU that delivers interrupts
+// (gpu.Interrupter: the device model of a vGPU whose aggregator raises
+// them) interrupts when work it was given ends — completes, faults, or is
+// stopped — and when it reports a fault. A fence wait then sleeps until an
+// interrupt instead of napping and trapping a fault-register read every
+// FaultPoll: after an interrupt it checks the fence, and if the fence has
+// not passed (the interrupt was for other work, or a fault) the channel's
+// fault registers. Every IRQPoll without an interrupt it checks them too:
+// the interrupt is not the only source of truth, and a lost one costs one
+// IRQPoll.
+
+// defaultIRQPoll is the safety-net interval of a fence sleep, as pvdrm's
+// CPU_PREP waiters poll for faults (far slower than the interrupts it
+// backs up).
+const defaultIRQPoll = 50 * time.Millisecond
+
+// interrupter returns mmio's interrupt line if it delivers interrupts and
+// opts allow them, else nil (the driver polls).
+func interrupter(mmio gpu.MMIO, opts Options) gpu.Interrupter {
+	it, ok := mmio.(gpu.Interrupter)
+	if !ok || opts.PollFences {
+		return nil
+	}
+	if _, ok := it.IRQCount(); !ok {
+		return nil
+	}
+	return it
+}
+
+// sleepFence waits for seq on the interrupt, from the count seen taken
+// before the fence was last checked.
+func (c *Channel) sleepFence(seq, seen uint32) error {
+	irq := c.d.irq
+	start := time.Now()
+	for {
+		n, err := irq.WaitIRQ(seen, c.d.opts.IRQPoll)
+		if err != nil {
+			return fmt.Errorf("channel %d fence %d: %w (%w)", c.id, seq, ErrDeviceGone, err)
+		}
+		seen = n
+		if c.fencePassed(seq) {
+			return nil
+		}
+		if c.isClosed() {
+			return fmt.Errorf("channel %d fence %d: channel %w", c.id, seq, ErrClosed)
+		}
+		if err := c.checkFault(); err != nil {
+			return err
+		}
+		if time.Since(start) > c.d.opts.Timeout {
+			return fmt.Errorf("channel %d fence %d (at %d): %w", c.id, seq, c.fenceValue(), ErrTimeout)
+		}
+	}
+}
+
+// isClosed reports whether Close began on the channel.
+func (c *Channel) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
