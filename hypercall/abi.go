@@ -31,6 +31,10 @@
 // addresses — VRAM offsets in the guest's VRAM, or guest-physical RAM
 // addresses — which the aggregator translates into the VM's slice or RAM
 // and refuses (ErrFault) when they leave it.
+//
+// One op is not about page tables: OpYieldPoints declares scheduling
+// points between a channel's GPFIFO entries (GLoop's cooperative yield),
+// where the aggregator's scheduler may run another VM.
 package hypercall
 
 import "fmt"
