@@ -217,6 +217,13 @@ func TestYieldGuestLaunchRepeat(t *testing.T) {
 	if got := splits() - before; got != 4 {
 		t.Fatalf("yield on, 5 kernels: %d splits, want 4", got)
 	}
+	// More kernels than one submission holds with yield: 256, 256 and 88
+	// kernels, a point between each two of a submission.
+	before = splits()
+	launch(600)
+	if got := splits() - before; got != 255+255+87 {
+		t.Fatalf("yield on, 600 kernels: %d splits, want %d", got, 255+255+87)
+	}
 	if n := agg.disp.pointsHeld(pv.v, ctx.Channel().ID()); n != 0 {
 		t.Fatalf("%d points left after the launches", n)
 	}

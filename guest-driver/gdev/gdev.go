@@ -382,11 +382,16 @@ func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 		// One entry per kernel, a scheduling point between them. Each
 		// entry sets the kernel up again: another VM's channel may run
 		// between two of them.
-		parts := make([][]uint32, times)
-		for i := range parts {
-			parts[i] = append(append([]uint32(nil), setup...), launches(1)...)
+		// At most yieldChunk kernels a submission, so that a long
+		// repeat fits the GPFIFO ring.
+		for done := 0; done < times && err == nil; {
+			parts := make([][]uint32, min(times-done, yieldChunk))
+			for i := range parts {
+				parts[i] = append(append([]uint32(nil), setup...), launches(1)...)
+			}
+			seq, err = c.eng.(yielder).submitYield(parts, c.code.handle, c.params.handle)
+			done += len(parts)
 		}
-		seq, err = c.eng.(yielder).submitYield(parts, c.code.handle, c.params.handle)
 	} else {
 		seq, err = c.eng.submit(append(setup, launches(times)...), c.code.handle, c.params.handle)
 	}
@@ -399,6 +404,10 @@ func (c *Context) LaunchRepeat(f Function, times int, params ...uint64) error {
 
 // maxRepeat bounds LaunchRepeat (one push buffer).
 const maxRepeat = 1024
+
+// yieldChunk bounds the kernels of one submission with yield on (one
+// GPFIFO entry each).
+const yieldChunk = 256
 
 // launches returns times LAUNCH methods.
 func launches(times int) []uint32 {
