@@ -61,6 +61,10 @@ type FairnessRun struct {
 	// Yield: the long-madd VMs declared a scheduling point after each
 	// kernel.
 	Yield bool `json:"yield,omitempty"`
+	// Splits is how many submissions the dispatcher cut at a scheduling
+	// point while the run was recorded (DispatchStats.Splits): with Yield,
+	// evidence that the points took effect; without, 0.
+	Splits uint64 `json:"splits"`
 	// Share is each VM's share of the GPU time the VMs used over the run
 	// (the first 500 ms window left out), and Target its weighted share,
 	// weight / sum of weights: MinMaxRun is the smallest Share/Target over
@@ -264,7 +268,9 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	// Record from the moment every VM is set up and loads the GPU.
 	gerr := openGate(ctx, gate, n, func() bool { return ended.Load() > 0 })
 	agg.StartRecording()
+	splits := agg.DispatchStats().Splits
 	wg.Wait()
+	run.Splits = agg.DispatchStats().Splits - splits
 	if err := errors.Join(append(errs, gerr)...); err != nil {
 		return run, err
 	}

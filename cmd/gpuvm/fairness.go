@@ -239,11 +239,11 @@ func writeFairnessSVGs(dir string, rep bench.FairnessReport) error {
 }
 
 // modesOf is a run's MODES column: the VMs' modes, and whether the
-// long-madd VMs yielded.
+// long-madd VMs yielded (with how many submissions were cut).
 func modesOf(r bench.FairnessRun) string {
 	m := strings.Join(r.Modes, ",")
 	if r.Yield {
-		m += " +yield"
+		m += fmt.Sprintf(" +yield (%d cuts)", r.Splits)
 	}
 	return m
 }
