@@ -63,6 +63,10 @@ type Channel struct {
 	seq       uint32 // last fence sequence emitted
 	unfenced  bool   // work was submitted after the last fence
 	closed    bool
+
+	// spinNs is how long a fence wait spins before it sleeps on the
+	// interrupt, adapted to how long the channel's waits take (irq.go).
+	spinNs atomic.Int64
 }
 
 // NewChannel creates a channel in vm, enables it, puts it on the playlist, and

@@ -71,6 +71,10 @@ type Options struct {
 	// before it checks the channel for a fault anyway (irq.go); default
 	// 50 ms.
 	IRQPoll time.Duration
+	// FenceSpin is the most a fence wait spins before it sleeps on the
+	// interrupt; the spin adapts to the channel's waits (irq.go).
+	// Default 200 µs; negative: never spin past the first 256 checks.
+	FenceSpin time.Duration
 	// PollFences makes fence waits poll even on a GPU that delivers
 	// interrupts (gpu.Interrupter), as on one that does not.
 	PollFences bool
@@ -94,6 +98,11 @@ func (o *Options) fill() {
 	}
 	if o.IRQPoll == 0 {
 		o.IRQPoll = defaultIRQPoll
+	}
+	if o.FenceSpin == 0 {
+		o.FenceSpin = defaultFenceSpin
+	} else if o.FenceSpin < 0 {
+		o.FenceSpin = 0
 	}
 	if o.BAR1Size == 0 || o.BAR1Size > nvc0.BAR1Size {
 		o.BAR1Size = nvc0.BAR1Size

@@ -36,11 +36,43 @@ func interrupter(mmio gpu.MMIO, opts Options) gpu.Interrupter {
 	return it
 }
 
+// Before it sleeps, a wait spins for a while, as the polling wait did:
+// waking a sleeping thread costs a context switch on each side, more than
+// a short wait (a 64×64 madd alone on the GPU: ~30 µs). How long adapts to
+// the channel's recent waits, as an adaptive mutex spins: after a wait
+// that took w ≤ FenceSpin the next one spins 2w (at most FenceSpin); after
+// a longer one, half as long as this one did. A VM alone on the GPU thus
+// spins through its short waits, and one of 64 VMs queued behind the
+// others (tens of milliseconds) soon sleeps at once.
+
+// defaultFenceSpin is the most a fence wait spins before it sleeps.
+const defaultFenceSpin = 200 * time.Microsecond
+
+// nextSpin is the spin budget after a wait that spun for at most budget
+// and took w in all: 2w if w ≤ most (at most most), else budget/2.
+func nextSpin(budget, w, most time.Duration) time.Duration {
+	if w <= most {
+		return min(2*w, most)
+	}
+	return budget / 2
+}
+
 // sleepFence waits for seq on the interrupt, from the count seen taken
-// before the fence was last checked.
+// before the fence was last checked: it spins for the channel's spin
+// budget, then sleeps.
 func (c *Channel) sleepFence(seq, seen uint32) error {
-	irq := c.d.irq
 	start := time.Now()
+	budget := time.Duration(c.spinNs.Load())
+	defer func() { c.spinNs.Store(int64(nextSpin(budget, time.Since(start), c.d.opts.FenceSpin))) }()
+	for i := 0; budget > 0; i++ {
+		if c.fencePassed(seq) {
+			return nil
+		}
+		if i%64 == 63 && time.Since(start) > budget {
+			break
+		}
+	}
+	irq := c.d.irq
 	for {
 		n, err := irq.WaitIRQ(seen, c.d.opts.IRQPoll)
 		if err != nil {
