@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
@@ -264,5 +265,77 @@ func launchMaddRepeat(t *testing.T, ctx *gdev.Context, times int) {
 	}
 	if got, want := kernels.DecodeU32s(out), kernels.MaddU32(a, b); !slices.Equal(got, want) {
 		t.Fatalf("%d kernels: wrong madd result", times)
+	}
+}
+
+// A PV guest frees its channel while the remainder of a cut submission is
+// queued behind a first part that never ends: the stop voids the
+// remainder, the dispatcher holds nothing of the channel afterwards, and
+// a bystander VM computes.
+func TestYieldAttackFreeWithRemainderQueued(t *testing.T) {
+	agg := newSchedAggregator(t, "fifo", Options{})
+	bad := startGuest(t, agg, "freer", "pv-multicall")
+	good := startGuest(t, agg, "bystander", "pv-multicall")
+	ctx, err := gdev.NewContext(bad.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := ctx.MemAllocHost(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	c := ctx.Channel()
+	block := []uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(sem.VA >> 32), uint32(sem.VA), 1, nvc0.SemaphoreAcquireEqual}
+	nop := []uint32{nvc0.Incr(nouveau.SubcCompute, nvc0.MthdSetObject, 1), nvc0.ClassFermiCompute}
+	before := agg.DispatchStats().Splits
+	if _, err := c.SubmitFencedParts([][]uint32{block, nop, nop}, true); err != nil {
+		t.Fatal(err)
+	}
+	k := chanKey{bad.v.ID, c.ID()}
+	queued := func() bool {
+		agg.disp.mu.Lock()
+		defer agg.disp.mu.Unlock()
+		s := agg.disp.pending[k]
+		return s != nil && !s.void
+	}
+	// The release is the dispatcher's; wait for it (a hang guard only).
+	for deadline := time.Now().Add(time.Minute); agg.DispatchStats().Splits == before || !queued(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the submission was not cut at its first point")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := agg.disp.pointsHeld(bad.v, c.ID()); n != 1 {
+		t.Fatalf("%d points held with the remainder queued, want the second", n)
+	}
+	if err := ctx.Close(); err != nil {
+		t.Logf("close of the blocked context: %v", err) // the stop ends blocked work; what the guest hears is its own
+	}
+	agg.disp.mu.Lock()
+	s := agg.disp.pending[k]
+	held := len(agg.disp.points)
+	agg.disp.mu.Unlock()
+	if s != nil && !s.void {
+		t.Fatal("the remainder is still queued, live, after the channel was freed")
+	}
+	if held != 0 {
+		t.Fatalf("%d channels hold points after the free", held)
+	}
+	gctx, err := gdev.NewContext(good.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gctx.Close()
+	if err := maddOnce(gctx, 32); err != nil {
+		t.Fatalf("bystander: %v", err)
+	}
+	agg.disp.mu.Lock()
+	n, pending := agg.disp.nqueued, len(agg.disp.pending)
+	agg.disp.mu.Unlock()
+	if n != 0 || pending != 0 {
+		t.Fatalf("after the bystander's work: %d queued, %d pending submissions, want none", n, pending)
 	}
 }
