@@ -85,6 +85,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--timing", "slow"},
 		{"bench", "--copy-size", "12XB"},
 		{"--log-level", "loud", "bench"},
+		// Only PV and pvdrm guests can declare scheduling points.
+		{"bench", "fairness", "--yield"},
+		{"bench", "fairness", "--yield", "--modes", "pv-multicall,fv-optimized"},
 	} {
 		_, _, err := runApp(t, args...)
 		var ee *exitError
