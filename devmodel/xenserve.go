@@ -145,6 +145,16 @@ func aperture(w ipc.Welcome, key string) (uint64, error) {
 // Serve serves the domain's ioreqs until ctx ends, the ioreq server fails
 // (the domain is gone), or the aggregator ends the connection (the vGPU
 // was destroyed). It says which.
+//
+// Virtual interrupts are not delivered to a Xen guest yet: the aggregator
+// raises them on this connection too (m.client.InterruptsOffered), and
+// their delivery would be a goroutine here looping on m.client.WaitIRQ
+// and injecting an MSI for each change of the count (XEN_DMOP_inject_msi
+// with the address and data the guest programmed into an MSI capability
+// the config space would have to offer; or INTx by
+// XEN_DMOP_set_pci_intx_level, deasserted when the guest acknowledges).
+// Until then the guest's driver polls (docs/design.md, "Virtual
+// interrupts").
 func (m *XenModel) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
