@@ -310,13 +310,8 @@ const MaxSegments = 64
 // semaphore release of the next fence sequence number, which it returns;
 // one doorbell for all of it.
 func (c *Channel) SubmitSegments(segs []Segment) (uint32, error) {
-	if len(segs) == 0 || len(segs) > MaxSegments {
-		return 0, fmt.Errorf("submit of %d segments: want 1..%d", len(segs), MaxSegments)
-	}
-	for _, s := range segs {
-		if s.Words == 0 || s.Words > nvc0.MaxPushBufferWords || s.VA%4 != 0 {
-			return 0, fmt.Errorf("submit of %d words at %#x: bad segment", s.Words, s.VA)
-		}
+	if err := checkSegments(segs); err != nil {
+		return 0, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -339,6 +334,20 @@ func (c *Channel) SubmitSegments(segs []Segment) (uint32, error) {
 	c.unfenced = false
 	c.ringLocked()
 	return seq, nil
+}
+
+// checkSegments validates the segments of one submission: 1..MaxSegments
+// of them, each 1..MaxPushBufferWords words at a word-aligned address.
+func checkSegments(segs []Segment) error {
+	if len(segs) == 0 || len(segs) > MaxSegments {
+		return fmt.Errorf("submit of %d segments: want 1..%d", len(segs), MaxSegments)
+	}
+	for _, s := range segs {
+		if s.Words == 0 || s.Words > nvc0.MaxPushBufferWords || s.VA%4 != 0 {
+			return fmt.Errorf("submit of %d words at %#x: bad segment", s.Words, s.VA)
+		}
+	}
+	return nil
 }
 
 // Done reports, without waiting, whether the GPU has passed fence seq.

@@ -96,13 +96,8 @@ func (c *Channel) SubmitSegmentsYield(segs []Segment, points []bool) (uint32, er
 	if c.d.pv == nil {
 		return 0, fmt.Errorf("scheduling points: %w", ErrNotSupported)
 	}
-	if len(segs) > MaxSegments {
-		return 0, fmt.Errorf("submit of %d segments: want 1..%d", len(segs), MaxSegments)
-	}
-	for _, s := range segs {
-		if s.Words == 0 || s.Words > nvc0.MaxPushBufferWords || s.VA%4 != 0 {
-			return 0, fmt.Errorf("submit of %d words at %#x: bad segment", s.Words, s.VA)
-		}
+	if err := checkSegments(segs); err != nil {
+		return 0, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
