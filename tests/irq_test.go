@@ -145,6 +145,44 @@ func TestIRQFault(t *testing.T) {
 	}
 }
 
+// TestIRQFaultBeforeWait: a fault whose interrupt came before the guest
+// began to wait (so no interrupt is still to come) is still reported: the
+// wait looks at the fault registers before it sleeps.
+func TestIRQFaultBeforeWait(t *testing.T) {
+	e := newEnv(t)
+	a := newSleeper(t, e, "early", 37, "fv-optimized")
+	_, srcVA := a.hostPage(t)
+	unmapped, err := a.vm.AllocVA(nvc0.PageSize, nvc0.PageSize) // reserved, never mapped
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ch.Submit([]uint32{
+		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
+		uint32(srcVA >> 32), uint32(srcVA), uint32(unmapped >> 32), uint32(unmapped),
+		pageSize, pageSize, pageSize, 1,
+		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := a.ch.Fence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := e.vgpu("early")
+	if !pollUntil(irqHangGuard, func() bool { return v.Counters().ErrorReports > 0 }) {
+		t.Fatal("the copy to an unmapped page was never reported to the VM: the harness is broken")
+	}
+	n, _ := a.dev.IRQCount()
+	if n == 0 {
+		t.Fatal("the fault report raised no interrupt")
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.ch.WaitFence(seq) }()
+	if err := waitFenceResult(t, done, "fault before the wait"); !errors.Is(err, nouveau.ErrChannelFault) {
+		t.Fatalf("fence wait after the fault: %v, want a channel fault", err)
+	}
+}
+
 // TestIRQTeardown: a guest asleep on its fence returns promptly with an
 // error when its vGPU is destroyed, the aggregator shuts down, or its
 // channel is freed.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu"
@@ -135,6 +136,10 @@ type Device struct {
 	flushMu   sync.Mutex      // serialises TLB flush sequences
 	pv        *pvClient       // the hypercall client in PV modes, nil in PVOff
 	irq       gpu.Interrupter // the GPU's interrupt line, nil if fence waits poll (irq.go)
+	// faultLook is the interrupt count when a fence sleep last looked at
+	// the fault registers: an interrupt since then may announce a fault
+	// that no waiter has seen yet (irq.go).
+	faultLook atomic.Uint32
 
 	errMu sync.Mutex                    // serialises error collection; guards errs
 	errs  [nvc0.MaxChannels]*FaultError // each channel's first error report (intr.go)

@@ -14,7 +14,9 @@ import (
 // interrupt instead of napping and trapping a fault-register read every
 // FaultPoll: after an interrupt it checks the fence, and if the fence has
 // not passed (the interrupt was for other work, or a fault) the channel's
-// fault registers. Every IRQPoll without an interrupt it checks them too:
+// fault registers; before its first sleep too, if an interrupt came since
+// a fence sleep last looked (a fault delivered before the wait began
+// raised its interrupt then). Every IRQPoll without an interrupt it checks them too:
 // the interrupt is not the only source of truth, and a lost one costs one
 // IRQPoll.
 
@@ -73,6 +75,14 @@ func (c *Channel) sleepFence(seq, seen uint32) error {
 		}
 	}
 	irq := c.d.irq
+	// An interrupt raised before seen was taken (the fault came before
+	// this wait began) wakes no sleep: if any came since a fence sleep
+	// last looked at the fault registers, look now, before sleeping.
+	if c.d.faultLook.Swap(seen) != seen {
+		if err := c.checkFault(); err != nil {
+			return err
+		}
+	}
 	for {
 		n, err := irq.WaitIRQ(seen, c.d.opts.IRQPoll)
 		if err != nil {
@@ -85,6 +95,7 @@ func (c *Channel) sleepFence(seq, seen uint32) error {
 		if c.isClosed() {
 			return fmt.Errorf("channel %d fence %d: channel %w", c.id, seq, ErrClosed)
 		}
+		c.d.faultLook.Store(n)
 		if err := c.checkFault(); err != nil {
 			return err
 		}
