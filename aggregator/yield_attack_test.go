@@ -53,9 +53,20 @@ func blockedChannel(t *testing.T, g *guestVM) (ctx *gdev.Context, ch int, get, p
 		t.Fatal(err)
 	}
 	ch = c.ID()
+	// The fence passes inside the last entry's work and the GPU publishes
+	// GP_GET after it: wait until GP_GET reaches the last doorbell's put,
+	// or the snapshot is one entry behind what YIELD_POINTS will read.
+	g.v.mu.Lock()
+	last := g.v.chans[ch].put
+	g.v.mu.Unlock()
+	deadline := time.Now().Add(time.Minute) // a hang guard
 	get, ok := g.v.shadowGPGet(ch)
-	if !ok {
-		t.Fatal("no shadow GP_GET")
+	for ok && get != last && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		get, ok = g.v.shadowGPGet(ch)
+	}
+	if !ok || get != last {
+		t.Fatalf("shadow GP_GET %d (ok %v) never reached the channel's put %d", get, ok, last)
 	}
 	if err := c.Submit([]uint32{nvc0.Incr(0, nvc0.MthdSemaphoreAddrHi, 4), uint32(sem.VA >> 32), uint32(sem.VA), 1, nvc0.SemaphoreAcquireEqual}); err != nil {
 		t.Fatal(err)
