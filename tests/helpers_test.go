@@ -658,16 +658,20 @@ func (a *attacker) newChannel(t *testing.T) {
 // gpuCopy makes the copy engine move one page from src to dst (GPU virtual
 // addresses) and waits for it: nil, or the channel's fault.
 func (a *attacker) gpuCopy(dst, src uint64) error {
-	err := a.ch.Submit([]uint32{
+	if err := a.submitCopy(dst, src); err != nil {
+		return err
+	}
+	return a.ch.Finish()
+}
+
+// submitCopy submits a one-page copy from src to dst without waiting.
+func (a *attacker) submitCopy(dst, src uint64) error {
+	return a.ch.Submit([]uint32{
 		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
 		uint32(src >> 32), uint32(src), uint32(dst >> 32), uint32(dst),
 		pageSize, pageSize, pageSize, 1,
 		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
 	})
-	if err != nil {
-		return err
-	}
-	return a.ch.Finish()
 }
 
 // physChan returns the physical channel id of the attacker's current channel.

@@ -156,12 +156,7 @@ func TestIRQFaultBeforeWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.ch.Submit([]uint32{
-		nvc0.Incr(nouveau.SubcCopy, nvc0.CopyMthdSrcAddrHi, 8),
-		uint32(srcVA >> 32), uint32(srcVA), uint32(unmapped >> 32), uint32(unmapped),
-		pageSize, pageSize, pageSize, 1,
-		nvc0.Immd(nouveau.SubcCopy, nvc0.CopyMthdExec, nvc0.CopyExecLinear),
-	}); err != nil {
+	if err := a.submitCopy(unmapped, srcVA); err != nil {
 		t.Fatal(err)
 	}
 	seq, err := a.ch.Fence()
