@@ -64,6 +64,13 @@ type Options struct {
 	// to unmap it. Nil refuses such device models: the daemon is not
 	// running on Xen (gpuvm serve --xen sets it).
 	DomainRAM func(domid uint32, size uint64) ([]byte, func() error, error)
+	// Registry hands out vGPU ids and holds guest identities; boards of one
+	// daemon share one (nil: this aggregator's own).
+	Registry *Registry
+	// Board is the board's index among the daemon's boards and BoardName
+	// its configured name, shown with each vGPU ("": none given).
+	Board     int
+	BoardName string
 	Logger    *slog.Logger
 }
 
@@ -86,6 +93,7 @@ type Aggregator struct {
 	disp         *dispatcher
 	faults       *physFaults
 	fecs         map[uint32]fecsClass // FECS command table (context.go)
+	reg          *Registry
 	stop         context.CancelFunc
 	stopped      chan struct{}
 
@@ -106,6 +114,9 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Registry == nil {
+		opts.Registry = NewRegistry()
+	}
 	layout, err := NewLayout(opts.Partition, opts.MaxVMs, g.VRAMSize(), opts.Channels)
 	if err != nil {
 		return nil, err
@@ -125,7 +136,7 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 50 * time.Microsecond
 	}
-	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget,
+	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget, reg: opts.Registry,
 		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{},
 		stopped: make(chan struct{})}
 	a.faults = newPhysFaults(g, opts.Logger)
@@ -173,18 +184,11 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 // attachWith is Attach with the guest RAM mapped by mapRAM, which returns
 // the mapping and how to unmap it.
 func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
-	a.mu.Lock()
-	for _, v := range a.vgpus {
-		switch {
-		case v == nil:
-		case v.Guest.DomID == g.DomID:
-			a.mu.Unlock()
-			return nil, fmt.Errorf("attach %s (domid %d): domid %d %w (vGPU %d, guest %q)", g.Name, g.DomID, g.DomID, ErrDuplicate, v.ID, v.Guest.Name)
-		case v.Guest.Name == g.Name:
-			a.mu.Unlock()
-			return nil, fmt.Errorf("attach %s (domid %d): name %q %w (vGPU %d, domid %d)", g.Name, g.DomID, g.Name, ErrDuplicate, v.ID, v.Guest.DomID)
-		}
+	id, err := a.reg.claim(g)
+	if err != nil {
+		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
 	}
+	a.mu.Lock()
 	slot := -1
 	for i, v := range a.vgpus {
 		if _, broken := a.broken[i]; v == nil && !broken {
@@ -194,21 +198,24 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	}
 	if slot < 0 {
 		a.mu.Unlock()
+		a.reg.release(id)
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, ErrNoSlot)
 	}
-	a.vgpus[slot] = &VGPU{ID: slot, Guest: g} // hold the slot (and the identity) while building
+	a.vgpus[slot] = &VGPU{ID: id, Slot: a.layout.Slots[slot], Guest: g} // hold the slot while building
 	a.mu.Unlock()
 	weight := a.weightFor(g)
-	v, err := a.attach(a.layout.Slots[slot], g, mapRAM)
+	v, err := a.attach(a.layout.Slots[slot], id, g, mapRAM)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
 		a.vgpus[slot] = nil
+		a.reg.release(id)
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
 	}
 	if err := a.disp.addVM(v, weight); err != nil {
 		a.vgpus[slot] = nil
 		_, terr := v.teardown()
+		a.reg.release(id)
 		return nil, errors.Join(fmt.Errorf("attach %s: scheduler: %w", g.Name, err), terr)
 	}
 	a.vgpus[slot] = v
@@ -223,14 +230,15 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 func (a *Aggregator) Detach(v *VGPU) error {
 	clean, err := v.teardown()
 	a.mu.Lock()
-	if a.vgpus[v.ID] == v {
-		a.vgpus[v.ID] = nil
+	if slot := v.Slot.Index; a.vgpus[slot] == v {
+		a.vgpus[slot] = nil
 		if !clean {
-			a.broken[v.ID] = fmt.Sprintf("a channel of %s (domid %d) did not stop: %v", v.Guest.Name, v.Guest.DomID, err)
-			v.log.Error("slot out of service", "reason", a.broken[v.ID])
+			a.broken[slot] = fmt.Sprintf("a channel of %s (domid %d) did not stop: %v", v.Guest.Name, v.Guest.DomID, err)
+			v.log.Error("slot out of service", "reason", a.broken[slot])
 		}
 		v.log.Info("vGPU detached", "err", err)
 		delete(a.domains, v.Guest.DomID) // the settings were this vGPU's
+		a.reg.release(v.ID)
 	}
 	a.mu.Unlock()
 	return err

@@ -10,6 +10,9 @@ import (
 // VGPUInfo is one vGPU as the control API reports it.
 type VGPUInfo struct {
 	ID        int            `json:"id"`
+	Board     int            `json:"board"`                // the board's index among the daemon's
+	BoardName string         `json:"board_name,omitempty"` // its configured name
+	Slot      int            `json:"slot"`                 // its slot on that board
 	DomID     uint32         `json:"domid"`
 	Name      string         `json:"name"`
 	Mode      string         `json:"mode"`
@@ -35,7 +38,7 @@ func (v *VGPU) Info() VGPUInfo {
 }
 
 func (v *VGPU) info(s SchedStats) VGPUInfo {
-	return VGPUInfo{ID: v.ID, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
+	return VGPUInfo{ID: v.ID, Board: v.agg.opts.Board, BoardName: v.agg.opts.BoardName, Slot: v.Slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
 		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
 		BAR1Bytes: v.Slot.BAR1.Size, BAR3Bytes: v.Slot.BAR3.Size, Profile: v.profile,
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
@@ -59,7 +62,7 @@ func (v *VGPU) VRAMInUse() int64 {
 	if !ok {
 		return -1
 	}
-	full := v.agg.layout.Slots[v.ID].VRAM
+	full := v.agg.layout.Slots[v.Slot.Index].VRAM
 	n, err := r.VRAMResident(full.Base, full.Size)
 	if err != nil {
 		return -1

@@ -125,7 +125,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		// The whole slot's segment: with a VRAM quota the guest's slice is
 		// its first VRAMSize bytes, which is what the device model maps;
 		// the rest of the slot belongs to no one else.
-		slice, err := a.sliceFile(a.layout.Slots[v.ID])
+		slice, err := a.sliceFile(a.layout.Slots[v.Slot.Index])
 		if err != nil {
 			log.Error("remap unavailable", "err", err)
 			_ = p.Reject("internal error: " + err.Error())

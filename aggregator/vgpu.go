@@ -120,7 +120,7 @@ type VGPU struct {
 }
 
 // attach builds the vGPU for a guest in slot, with its RAM from ramFile.
-func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
+func (a *Aggregator) attach(slot Slot, id int, g Guest, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
 	feat, err := FeaturesFor(g.Mode)
 	if err != nil {
 		return nil, err
@@ -132,11 +132,11 @@ func (a *Aggregator) attach(slot Slot, g Guest, mapRAM func() ([]byte, func() er
 	// A quota narrows the slot: fewer channels, smaller VRAM and aperture
 	// slices (the guest is told the smaller sizes and reaches nothing beyond).
 	slot = a.quotaFor(g).narrow(slot, nvc0.LargePageSize, nvc0.PageSize)
-	v = &VGPU{agg: a, ID: slot.Index, Slot: slot, Guest: g, feat: feat, profile: a.profileFor(g), emu: map[uint32]uint32{},
+	v = &VGPU{agg: a, ID: id, Slot: slot, Guest: g, feat: feat, profile: a.profileFor(g), emu: map[uint32]uint32{},
 		windowOK: true, verr: errreport.New(max(virtualQueue, slot.Chans)),
 		synced: map[*shadow.Space]bool{}, stale: map[*shadow.Space]bool{},
 		chans: make([]vchan, slot.Chans),
-		log:   a.log.With("vgpu", slot.Index, "domid", g.DomID, "name", g.Name),
+		log:   a.log.With("vgpu", id, "board", a.opts.Board, "slot", slot.Index, "domid", g.DomID, "name", g.Name),
 		gripe: ratelog.New(guestLogRate, guestLogBurst)}
 	defer func() {
 		if err != nil {
@@ -283,7 +283,7 @@ func (v *VGPU) tearDown() (clean bool, err error) {
 	v.dead = true
 	v.agg.disp.removeVM(v)
 	var errs []error
-	full := v.agg.layout.Slots[v.ID] // all of the slot, whatever the quota
+	full := v.agg.layout.Slots[v.Slot.Index] // all of the slot, whatever the quota
 	chans := make([]int, full.Chans)
 	for i := range chans {
 		chans[i] = full.ChanBase + i
@@ -337,7 +337,7 @@ func (v *VGPU) release(clean bool) error {
 			errs = append(errs, v.shadows.Close())
 			v.reclaim()
 		}
-		errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.ID].VRAM)) // all of the slot, whatever the quota was
+		errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.Slot.Index].VRAM)) // all of the slot, whatever the quota was
 	}
 	if v.remap != nil {
 		errs = append(errs, v.remap.close())

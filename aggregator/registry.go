@@ -1,0 +1,62 @@
+package aggregator
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Registry hands out vGPU ids and holds the guests' identities for every
+// board of one daemon. A vGPU's id is not its slot: it is taken at attach,
+// kept for the vGPU's whole life wherever it is placed, and given back only
+// when the vGPU is gone, so an operator's `gpuvm vgpu ... ID` names the same
+// vGPU on whichever board it runs. The lowest free id is reused, as slots
+// are. One guest identity (domid, and name) holds one vGPU on the whole
+// host, not one per board.
+//
+// Boards that share a Registry (Options.Registry) can never attach the same
+// domain twice, whichever of them its device model reaches first.
+type Registry struct {
+	mu     sync.Mutex
+	guests map[int]Guest // by vGPU id: held from claim to release
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{guests: map[int]Guest{}} }
+
+// claim takes the lowest free id for g, or refuses g (ErrDuplicate) when its
+// domid or its name holds a vGPU already — one being built or torn down
+// included.
+func (r *Registry) claim(g Guest) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, h := range r.guests {
+		switch {
+		case h.DomID == g.DomID:
+			return -1, fmt.Errorf("domid %d %w (vGPU %d, guest %q)", g.DomID, ErrDuplicate, id, h.Name)
+		case h.Name == g.Name:
+			return -1, fmt.Errorf("name %q %w (vGPU %d, domid %d)", g.Name, ErrDuplicate, id, h.DomID)
+		}
+	}
+	id := 0
+	for ; ; id++ {
+		if _, used := r.guests[id]; !used {
+			break
+		}
+	}
+	r.guests[id] = g
+	return id, nil
+}
+
+// release gives id back. Releasing an id that is not held does nothing.
+func (r *Registry) release(id int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.guests, id)
+}
+
+// Len is how many ids are held.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.guests)
+}
