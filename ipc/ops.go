@@ -6,6 +6,11 @@ const (
 	// result words are counters group*MaxCallResults ... in the order of the
 	// aggregator's CounterNames. Status 0, or -1 for a group past the end.
 	OpCounters uint16 = 1
+	// OpReset resets the vGPU as a PCIe function-level reset does: no
+	// arguments, no results; status 0 once the reset is complete, -1 if it
+	// was refused, -5 if a channel would not stop and the vGPU was
+	// destroyed instead (docs/protocol.md §5.4).
+	OpReset uint16 = 2
 )
 
 // Welcome parameters the aggregator sets (Welcome.Params keys).
