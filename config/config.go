@@ -27,8 +27,12 @@ import (
 
 // Config is the whole configuration file.
 type Config struct {
-	// Board is the physical GPU the aggregator owns ([board]).
+	// Board is the physical GPU the aggregator owns ([board]); with
+	// [[boards]], the template every entry takes what it leaves out from.
 	Board BoardConfig `toml:"board"`
+	// Boards are the physical GPUs of a host with several ([[boards]]), in
+	// file order (see AllBoards).
+	Boards []BoardEntry `toml:"boards,omitempty"`
 	// Daemon is the aggregator daemon's settings ([daemon]).
 	Daemon DaemonConfig `toml:"daemon"`
 	// Partition is the static partitioning of the board among VMs ([partition]).

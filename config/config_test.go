@@ -784,3 +784,62 @@ func TestDefaultSocketDir(t *testing.T) {
 		t.Errorf("Default sockets %s, %s", c.Daemon.Socket, c.Daemon.ControlSocket)
 	}
 }
+
+func TestBoards(t *testing.T) {
+	c, err := Parse([]byte(`[board]
+timing = "fermi"
+[daemon]
+max_vms = 4
+[partition]
+vram_per_vm = "256MiB"
+channels_per_vm = 8
+reserved = "128MiB"
+[[boards]]
+name = "fast"
+[[boards]]
+name = "slow"
+vram = "1GiB"
+mem_partitions = 4
+timing = "fermi-xen"
+max_vms = 2
+`), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := c.AllBoards()
+	if len(all) != 2 {
+		t.Fatalf("%d boards", len(all))
+	}
+	if b := all[0]; b.Name != "fast" || b.VRAM != 6*GiB || b.Timing != TimingFermi || b.MaxVMs != 4 || b.Channels != 128 {
+		t.Errorf("fast = %+v: want [board]'s values and daemon.max_vms", b)
+	}
+	if b := all[1]; b.Name != "slow" || b.VRAM != GiB || b.MemPartitions != 4 || b.Timing != TimingFermiXen || b.MaxVMs != 2 {
+		t.Errorf("slow = %+v", b)
+	}
+	if _, ok := c.LookupBoard("slow"); !ok {
+		t.Error("LookupBoard(slow) not found")
+	}
+	if got := Default().AllBoards(); len(got) != 1 || got[0].Name != "gpu0" || got[0].VRAM != 6*GiB || got[0].MaxVMs != 8 {
+		t.Errorf("default boards = %+v", got)
+	}
+}
+
+func TestBoardsErrors(t *testing.T) {
+	for name, tc := range map[string]struct{ in, want string }{
+		"duplicate name": {"[[boards]]\nname = \"a\"\n[[boards]]\nname = \"a\"\n", `t.toml:4:8: boards[1].name: board name "a" is also board 0's`},
+		"bad name":       {"[[boards]]\nname = \"A B\"\n", `t.toml:2:8: boards[0].name: board name "A B"`},
+		"written zero":   {"[[boards]]\nvram = 0\n", "t.toml:2:8: boards[0].vram: must not be empty or 0"},
+		"too small": {"[[boards]]\nname = \"small\"\nvram = \"1536MiB\"\n",
+			`t.toml:3:8: boards[0].vram: board "small": max_vms (8) × vram_per_vm (512MiB) + reserved (256MiB) = 4352MiB exceeds its vram (1536MiB)`},
+		"channels":    {"[[boards]]\nchannels = 64\n", `t.toml:2:12: boards[0].channels: board "gpu0": max_vms (8) × channels_per_vm (16) exceeds its 64 channels`},
+		"unknown key": {"[[boards]]\nvarm = \"1GiB\"\n", `t.toml:2:1: boards[0].varm: unknown key (did you mean "vram"?)`},
+		"timing":      {"[[boards]]\ntiming = \"fast\"\n", `t.toml:2:10: boards[0].timing: unknown timing model "fast"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.in), "t.toml")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err:\n%v\nwant it to contain:\n%s", err, tc.want)
+			}
+		})
+	}
+}

@@ -109,6 +109,7 @@ func (d *decoder) document(doc map[string]any) {
 		{"metrics", d.table("metrics", []field{
 			{"listen", setString(&c.Metrics.Listen)},
 		})},
+		{"boards", d.boards},
 		{"vm", d.vms},
 		{"profile", d.profiles},
 	}

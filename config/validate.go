@@ -111,6 +111,7 @@ func product(n int, s Size) (Size, bool) {
 func (c Config) validate(skip map[string]bool) error {
 	v := &validator{src: c.src, skip: skip}
 	c.validateBoard(v)
+	c.validateBoards(v)
 	c.validateDaemon(v)
 	c.validatePartition(v)
 	c.validateScheduler(v)
