@@ -115,6 +115,11 @@ type Policy interface {
 	// Overhead reports scheduler time d during which the GPU idled while
 	// work was queued.
 	Overhead(d, now time.Duration)
+	// SetWeight changes a registered VM's weight (≥ 1) from now on (SLA
+	// feedback; weight.go). strict refuses it with ErrFixedWeights.
+	SetWeight(id VMID, weight int, now time.Duration) error
+	// Weight returns a registered VM's current weight.
+	Weight(id VMID) (int, error)
 }
 
 // Errors returned (wrapped, with context) by New and the Policy methods.
