@@ -291,6 +291,15 @@ type SchedulerConfig struct {
 	Doorbell Doorbell `toml:"doorbell"`
 	// DoorbellPoll is the polling interval of Doorbell "poll".
 	DoorbellPoll Duration `toml:"doorbell_poll"`
+	// SLAFeedback raises, for a while, the weight of a VM that missed its
+	// queue-wait objective (VMConfig.SLO): Pegasus' SLA feedback (slo.go).
+	SLAFeedback bool `toml:"sla_feedback"`
+	// SLAWindow is how often SLA feedback looks at each VM's waits.
+	SLAWindow Duration `toml:"sla_window"`
+	// SLABoost multiplies a missing VM's weight boost each window.
+	SLABoost int `toml:"sla_boost"`
+	// SLAMaxBoost caps the boost: at most SLAMaxBoost × the VM's weight.
+	SLAMaxBoost int `toml:"sla_max_boost"`
 }
 
 // Doorbell says how guest doorbells (GP_PUT writes) reach the scheduler.
@@ -334,6 +343,10 @@ type VMConfig struct {
 	// Profile names a vGPU size (ProfileConfig) that supplies VRAM,
 	// channels, aperture slices and weight where the entry leaves them out.
 	Profile string `toml:"profile,omitempty"`
+	// SLO is the VM's queue-wait objective (doorbell to release), counted
+	// as violated by each submission that waits longer; 0 = none, or the
+	// profile's. See slo.go.
+	SLO Duration `toml:"slo,omitempty"`
 }
 
 // Default returns the built-in configuration: the simulated 6GiB Quadro
@@ -374,6 +387,9 @@ func Default() Config {
 			SampleTime:     Duration{5 * time.Millisecond},
 			SampleRequests: 32,
 			FreeRunFactor:  5,
+			SLAWindow:      Duration{DefaultSLAWindow},
+			SLABoost:       DefaultSLABoost,
+			SLAMaxBoost:    DefaultSLAMaxBoost,
 		},
 	}
 }
@@ -422,6 +438,7 @@ func (c Config) LookupVM(name string, domid int) VMConfig {
 				v.Channels = cmp.Or(v.Channels, p.Channels)
 				v.BAR1 = cmp.Or(v.BAR1, p.BAR1)
 				v.BAR3 = cmp.Or(v.BAR3, p.BAR3)
+				v.SLO = c.profileSLO(i, v.SLO, p)
 				if c.src != nil && !c.src.written(joinKey(indexKey("vm", i), "weight")) || c.src == nil && v.Weight == 0 {
 					v.Weight = p.Weight
 				}

@@ -105,6 +105,10 @@ func (d *decoder) document(doc map[string]any) {
 			{"watchdog", setDuration(&c.Scheduler.Watchdog)},
 			{"doorbell", setString(&c.Scheduler.Doorbell)},
 			{"doorbell_poll", setDuration(&c.Scheduler.DoorbellPoll)},
+			{"sla_feedback", setBool(&c.Scheduler.SLAFeedback)},
+			{"sla_window", setDuration(&c.Scheduler.SLAWindow)},
+			{"sla_boost", setInt(&c.Scheduler.SLABoost)},
+			{"sla_max_boost", setInt(&c.Scheduler.SLAMaxBoost)},
 		})},
 		{"metrics", d.table("metrics", []field{
 			{"listen", setString(&c.Metrics.Listen)},
@@ -241,6 +245,7 @@ func (d *decoder) vms(v any) error {
 				{"bar1", setSize(&vm.BAR1)},
 				{"bar3", setSize(&vm.BAR3)},
 				{"profile", setString(&vm.Profile)},
+				{"slo", setDuration(&vm.SLO)},
 			})
 		} else {
 			d.fail(key, false, typeError("a table", e))

@@ -34,6 +34,8 @@ type ProfileConfig struct {
 	BAR3 Size `toml:"bar3,omitempty"`
 	// Weight is the VM's default scheduler share, ≥ 1 (default 1).
 	Weight int `toml:"weight"`
+	// SLO is its VMs' default queue-wait objective; 0 = none (slo.go).
+	SLO Duration `toml:"slo,omitempty"`
 }
 
 // profileName is what a profile name may look like (it appears in xl
@@ -216,6 +218,7 @@ func (d *decoder) profiles(v any) error {
 				{"bar1", setSize(&p.BAR1)},
 				{"bar3", setSize(&p.BAR3)},
 				{"weight", setInt(&p.Weight)},
+				{"slo", setDuration(&p.SLO)},
 			})
 		} else {
 			d.fail(key, false, typeError("a table", e))

@@ -118,6 +118,7 @@ func (c Config) validate(skip map[string]bool) error {
 	c.validateMetrics(v)
 	c.validateVMs(v)
 	c.validateProfiles(v)
+	c.validateSLO(v)
 	return v.errs.err()
 }
 
