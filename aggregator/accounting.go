@@ -49,6 +49,15 @@ type SchedStats struct {
 	// submission lands in one bucket and Busy is capped at 1.
 	Share float64 `json:"share"`
 	Busy  float64 `json:"busy"`
+	// SLO is its queue-wait objective (0: none) and SLOViolations the
+	// released submissions that waited longer (slo.go).
+	SLO           time.Duration `json:"slo_ns,omitempty"`
+	SLOViolations uint64        `json:"slo_violations"`
+	// EffectiveWeight is the weight the policy schedules it at: Weight,
+	// or more while SLA feedback boosts it; SLABoostedWindows counts the
+	// feedback windows that ended with it boosted.
+	EffectiveWeight   int    `json:"effective_weight"`
+	SLABoostedWindows uint64 `json:"sla_boosted_windows,omitempty"`
 }
 
 // account is the dispatcher's running form of SchedStats (under d.mu).
@@ -61,6 +70,7 @@ type account struct {
 	waits       [waitBuckets + 1]uint64
 	released    uint64
 	window      [shareBuckets]bucket
+	slo         sloAccount
 }
 
 // bucket is one shareBucket of GPU time; idx names which (time/shareBucket).
@@ -78,6 +88,7 @@ func (c *account) wait(w time.Duration) {
 		i++
 	}
 	c.waits[i]++
+	c.slo.waited(w)
 }
 
 // ran charges GPU time t, completed at now.
@@ -131,6 +142,7 @@ func (d *dispatcher) schedStats() map[*VGPU]SchedStats {
 		if total > 0 {
 			s.Share = float64(recent[id]) / float64(total)
 		}
+		c.slo.fill(&s, c.weight)
 		out[c.v] = s
 	}
 	return out

@@ -52,6 +52,9 @@ type Options struct {
 	// ProfileOf names the profile a guest's configuration gave it, for
 	// reports ("": none; nil: never).
 	ProfileOf func(Guest) string
+	// SLO gives guests queue-wait objectives and tunes SLA feedback
+	// (slo.go).
+	SLO SLOOptions
 	// PollDoorbells makes the aggregator find doorbells by polling the
 	// guests' user areas every PollInterval (GPUvm's "sidecore", thesis
 	// §4.4) instead of trapping GP_PUT writes; the user-area pages may then

@@ -45,6 +45,7 @@ type Usage struct {
 	VGPU       int
 	Name       string        // the guest's domain name
 	Start, End time.Duration // on the dispatcher's clock
+	Wait       time.Duration // its queue wait, doorbell to release
 }
 
 // dispatcher is the one goroutine that releases guest submissions to the
@@ -107,6 +108,8 @@ type dispatcher struct {
 	points map[chanKey]*yieldPoints
 
 	stops sync.WaitGroup // watchdog stops in progress
+
+	slaf slaf // SLA feedback (slo.go)
 }
 
 // onEnded has f called whenever a submission of v ends (see ended), after
@@ -155,7 +158,7 @@ func (d *dispatcher) addVM(v *VGPU, weight int) error {
 	if err := d.policy.AddVM(sched.VMID(v.ID), weight, d.clock.Now()); err != nil {
 		return err
 	}
-	d.accounts[v.ID] = &account{v: v, weight: weight}
+	d.accounts[v.ID] = &account{v: v, weight: weight, slo: d.newSLO(v)}
 	return nil
 }
 
@@ -267,6 +270,7 @@ func (d *dispatcher) step() (busy bool, until time.Duration) {
 	defer d.mu.Unlock()
 	d.reap()
 	now := d.clock.Now()
+	d.sloTick(now)
 	until = -1
 	switch {
 	case d.freeRun && now < d.freeEnd:
@@ -497,7 +501,7 @@ func (d *dispatcher) reap() {
 			c.ran(now-begin, now)
 		}
 		if d.record {
-			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: begin, End: now})
+			d.usage = append(d.usage, Usage{VGPU: s.v.ID, Name: s.v.Guest.Name, Start: begin, End: now, Wait: s.released - s.queued})
 		}
 	}
 	clear(d.inflight[len(keep):])
