@@ -61,6 +61,7 @@ type Collector struct {
 	vramUsed *prometheus.Desc
 	channels *prometheus.Desc
 	slots    *prometheus.Desc
+	slo      sloDescs
 }
 
 // New returns a collector over src.
@@ -82,6 +83,7 @@ func New(src Source) *Collector {
 		vramUsed: d("vgpu_vram_used_bytes", "VRAM of the vGPU's slot holding pages it wrote (its slice's resident pages)."),
 		channels: d("vgpu_channels", "Channels (GPU command queues) the vGPU may use."),
 		slots:    prometheus.NewDesc("gpuvm_slots", "vGPU slots of the board, by state.", []string{"state"}, nil),
+		slo:      newSLODescs(d),
 	}
 	ctr := func(name, help string, f func(aggregator.Counters) uint64) {
 		c.counters = append(c.counters, counter{d(name, help), func(x aggregator.Counters) float64 { return float64(f(x)) }, prometheus.CounterValue})
@@ -119,6 +121,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.traps, c.info, c.gpuTime, c.subs, c.share, c.busy, c.weight, c.queued, c.wait, c.vram, c.vramUsed, c.channels, c.slots} {
 		ch <- d
 	}
+	c.slo.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -167,6 +170,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			buckets[b.Seconds()] = cum
 		}
 		ch <- prometheus.MustNewConstHistogram(c.wait, s.Released, s.QueueWait.Seconds(), buckets, lv...)
+		c.slo.collect(ch, s, lv)
 	}
 	broken := c.src.OutOfService()
 	slots := len(c.src.Layout().Slots)
