@@ -94,18 +94,9 @@ func (a *Aggregator) profile(name string) (Profile, bool) {
 // SetDomainSettings registers settings for domain domid's next vGPU; they
 // are forgotten when that vGPU detaches (or by ForgetDomain).
 func (a *Aggregator) SetDomainSettings(domid uint32, s DomainSettings) error {
-	if domid < ipc.MinDomID || domid > ipc.MaxDomID {
-		return fmt.Errorf("domain id %d not in %d..%d", domid, ipc.MinDomID, ipc.MaxDomID)
-	}
-	if err := s.validate(); err != nil {
-		return fmt.Errorf("domain %d: %w", domid, err)
-	}
-	s, err := a.withProfile(s)
-	if err == nil {
-		err = s.validate() // what the profile filled in, too
-	}
+	s, err := a.ResolveDomainSettings(domid, s)
 	if err != nil {
-		return fmt.Errorf("domain %d: %w", domid, err)
+		return err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -114,6 +105,38 @@ func (a *Aggregator) SetDomainSettings(domid uint32, s DomainSettings) error {
 	}
 	a.domains[domid] = s
 	return nil
+}
+
+// ResolveDomainSettings checks settings for domain domid as
+// SetDomainSettings does and returns them with their profile's sizes filled
+// in, without registering them.
+func (a *Aggregator) ResolveDomainSettings(domid uint32, s DomainSettings) (DomainSettings, error) {
+	if domid < ipc.MinDomID || domid > ipc.MaxDomID {
+		return s, fmt.Errorf("domain id %d not in %d..%d", domid, ipc.MinDomID, ipc.MaxDomID)
+	}
+	if err := s.validate(); err != nil {
+		return s, fmt.Errorf("domain %d: %w", domid, err)
+	}
+	s, err := a.withProfile(s)
+	if err == nil {
+		err = s.validate() // what the profile filled in, too
+	}
+	if err != nil {
+		return s, fmt.Errorf("domain %d: %w", domid, err)
+	}
+	return s, nil
+}
+
+// DomainSettingsWaiting returns the settings registered for domains whose
+// vGPUs have not attached yet.
+func (a *Aggregator) DomainSettingsWaiting() map[uint32]DomainSettings {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[uint32]DomainSettings, len(a.domains))
+	for d, s := range a.domains {
+		out[d] = s
+	}
+	return out
 }
 
 // ForgetDomain drops the settings registered for domid.

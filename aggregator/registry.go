@@ -1,8 +1,11 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
 	"sync"
+
+	"github.com/gpuvm/gpuvm/ipc"
 )
 
 // Registry hands out vGPU ids and holds the guests' identities for every
@@ -60,3 +63,10 @@ func (r *Registry) Len() int {
 	defer r.mu.Unlock()
 	return len(r.guests)
 }
+
+// ServeConn attaches the VM of one accepted device model, serves it until
+// its connection ends or ctx is done, and detaches it; a VM that may not
+// attach is rejected with the reason. Serve does this for each device model
+// it accepts; a host of several boards calls it on the board it placed the
+// VM on (package host).
+func (a *Aggregator) ServeConn(ctx context.Context, p *ipc.Pending) { a.serveVM(ctx, p) }

@@ -1,0 +1,245 @@
+// Package host is a dom0 host with several GPUs: one aggregator per board
+// (each with its own scheduler, layout, counters and quotas), one registry of
+// vGPU ids and guest identities shared by them, placement of each VM that
+// connects on a board, and the control API and metrics over all of them.
+//
+// A host with one board behaves exactly as that board's aggregator does.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// Board is one physical GPU of the host and its aggregator.
+type Board struct {
+	// Index is the board's position in the configuration, Name its name.
+	Index int
+	Name  string
+	// Timing names its timing profile ("": none told).
+	Timing string
+	// Agg owns the board.
+	Agg *aggregator.Aggregator
+	// Release lets go of the physical board once its aggregator is closed
+	// (nil: nothing to do).
+	Release func() error
+
+	// state is whether placement may choose it (under Host.mu).
+	state State
+	// ctl is its aggregator's control API.
+	ctl http.Handler
+}
+
+// State says whether placement may put new vGPUs on a board.
+type State string
+
+// Board states.
+const (
+	// StateActive boards take new vGPUs.
+	StateActive State = "active"
+	// StateCordoned boards keep their vGPUs but take no new ones (the
+	// operator's `gpuvm board cordon`, the first step of a drain).
+	StateCordoned State = "cordoned"
+)
+
+// Options configure a Host.
+type Options struct {
+	// Pin names the board a guest's configuration pins it to ("": any).
+	Pin func(aggregator.Guest) string
+	// Logger receives placement decisions.
+	Logger *slog.Logger
+}
+
+// Host owns every board of a dom0 host.
+type Host struct {
+	boards []*Board
+	reg    *aggregator.Registry
+	opts   Options
+	log    *slog.Logger
+	load   *loadMeter
+
+	mu        sync.Mutex
+	decisions []Decision // the latest, oldest first, at most maxDecisions
+	pending   map[uint32]aggregator.DomainSettings
+}
+
+// New makes a host of boards, whose aggregators must share reg (their
+// Options.Registry). The host owns the aggregators from now on: Close
+// closes them.
+func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error) {
+	if len(boards) == 0 {
+		return nil, errors.New("host: no boards")
+	}
+	seen := map[string]bool{}
+	for i, b := range boards {
+		if b.Index != i {
+			return nil, fmt.Errorf("host: board %q has index %d at position %d", b.Name, b.Index, i)
+		}
+		if seen[b.Name] {
+			return nil, fmt.Errorf("host: two boards named %q", b.Name)
+		}
+		seen[b.Name] = true
+		b.state = StateActive
+		b.ctl = b.Agg.ControlHandler()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)),
+		pending: map[uint32]aggregator.DomainSettings{}}, nil
+}
+
+// Boards returns the host's boards in configuration order.
+func (h *Host) Boards() []*Board { return h.boards }
+
+// Board returns the board called name, or nil.
+func (h *Host) Board(name string) *Board {
+	for _, b := range h.boards {
+		if b.Name == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// Serve accepts device models on ln until ctx is done: each is placed on a
+// board and served by that board's aggregator for as long as its connection
+// lasts. Serve returns when ctx is done, after every connection ended.
+func (h *Host) Serve(ctx context.Context, ln *ipc.Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(sampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				h.load.sample(h.boards, now)
+			}
+		}
+	}()
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ipc.ErrClosed) {
+				return err
+			}
+			h.log.Warn("device model refused at handshake", "err", err)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.serve(ctx, p)
+		}()
+	}
+}
+
+// serve places one VM and hands it to its board.
+func (h *Host) serve(ctx context.Context, p *ipc.Pending) {
+	hello := p.Hello()
+	g := aggregator.Guest{DomID: hello.DomID, Name: hello.Name, Mode: hello.Mode}
+	b, d := h.Place(g)
+	if b == nil {
+		h.log.Warn("refused: no board", "domid", g.DomID, "name", g.Name, "reason", d.Reason)
+		_ = p.Reject(d.Reason)
+		return
+	}
+	if s, ok := h.takePending(g.DomID); ok {
+		if err := b.Agg.SetDomainSettings(g.DomID, s); err != nil {
+			h.log.Warn("refused: domain settings", "domid", g.DomID, "board", b.Name, "err", err)
+			_ = p.Reject(err.Error())
+			return
+		}
+	}
+	b.Agg.ServeConn(ctx, p)
+}
+
+// Close closes every board's aggregator.
+func (h *Host) Close() error {
+	var errs []error
+	for _, b := range h.boards {
+		if err := b.Agg.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+		}
+		if b.Release != nil {
+			if err := b.Release(); err != nil {
+				errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// VGPUs returns every board's attached vGPUs, board by board.
+func (h *Host) VGPUs() []*aggregator.VGPU {
+	var out []*aggregator.VGPU
+	for _, b := range h.boards {
+		out = append(out, b.Agg.VGPUs()...)
+	}
+	return out
+}
+
+// Lookup returns the vGPU with id, or nil.
+func (h *Host) Lookup(id int) (*Board, *aggregator.VGPU) {
+	for _, b := range h.boards {
+		for _, v := range b.Agg.VGPUs() {
+			if v.ID == id {
+				return b, v
+			}
+		}
+	}
+	return nil, nil
+}
+
+// SchedStats returns every vGPU's scheduler account (metrics.Source).
+func (h *Host) SchedStats() map[*aggregator.VGPU]aggregator.SchedStats {
+	out := map[*aggregator.VGPU]aggregator.SchedStats{}
+	for _, b := range h.boards {
+		for v, s := range b.Agg.SchedStats() {
+			out[v] = s
+		}
+	}
+	return out
+}
+
+// Layout returns one layout holding every board's slots, board after board
+// (metrics.Source counts slots with it); each board's own is its
+// aggregator's.
+func (h *Host) Layout() aggregator.Layout {
+	l := h.boards[0].Agg.Layout()
+	l.Slots = nil
+	for _, b := range h.boards {
+		l.Slots = append(l.Slots, b.Agg.Layout().Slots...)
+	}
+	return l
+}
+
+// OutOfService returns every board's slots out of service, numbered as
+// Layout numbers them.
+func (h *Host) OutOfService() map[int]string {
+	out := map[int]string{}
+	base := 0
+	for _, b := range h.boards {
+		for slot, why := range b.Agg.OutOfService() {
+			out[base+slot] = fmt.Sprintf("board %s slot %d: %s", b.Name, slot, why)
+		}
+		base += len(b.Agg.Layout().Slots)
+	}
+	return out
+}
