@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 // MaxBoards is the most [[boards]] entries one daemon owns.
@@ -131,6 +132,19 @@ func withSkip(skip map[string]bool, key string) map[string]bool {
 	}
 	skip[key] = true
 	return skip
+}
+
+// validateVMBoards checks that each [[vm]] board pin names a board.
+func (c Config) validateVMBoards(v *validator) {
+	for i, vm := range c.VMs {
+		key := joinKey(indexKey("vm", i), "board")
+		if vm.Board == "" || !v.ok(key) {
+			continue
+		}
+		if _, ok := c.LookupBoard(vm.Board); !ok {
+			v.errorf([]string{key}, "no board %q (have %s)", vm.Board, strings.Join(c.BoardNames(), ", "))
+		}
+	}
 }
 
 // validateBoardEntry checks one filled [[boards]] entry.

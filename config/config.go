@@ -343,6 +343,9 @@ type VMConfig struct {
 	// Profile names a vGPU size (ProfileConfig) that supplies VRAM,
 	// channels, aperture slices and weight where the entry leaves them out.
 	Profile string `toml:"profile,omitempty"`
+	// Board pins the VM to the board of that name ([[boards]]): placement
+	// puts it there or nowhere. Empty: any board.
+	Board string `toml:"board,omitempty"`
 	// SLO is the VM's queue-wait objective (doorbell to release), counted
 	// as violated by each submission that waits longer; 0 = none, or the
 	// profile's. See slo.go.

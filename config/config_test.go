@@ -55,7 +55,7 @@ func TestExampleFile(t *testing.T) {
 	}
 	want := Default()
 	want.VMs = []VMConfig{{Name: "guest1", DomID: 1, Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16,
-		BAR1: 15 * MiB, BAR3: 2 * MiB, Profile: "vgpu-512m"}}
+		BAR1: 15 * MiB, BAR3: 2 * MiB, Profile: "vgpu-512m", Board: "gpu0"}}
 	want.Profiles = []ProfileConfig{{Name: "compute-small", Description: "batch jobs: little VRAM, a low share",
 		VRAM: 128 * MiB, Channels: 4, BAR1: 4 * MiB, BAR3: 1 * MiB, Weight: 1}}
 	got := c
@@ -834,6 +834,7 @@ func TestBoardsErrors(t *testing.T) {
 		"channels":    {"[[boards]]\nchannels = 64\n", `t.toml:2:12: boards[0].channels: board "gpu0": max_vms (8) × channels_per_vm (16) exceeds its 64 channels`},
 		"unknown key": {"[[boards]]\nvarm = \"1GiB\"\n", `t.toml:2:1: boards[0].varm: unknown key (did you mean "vram"?)`},
 		"timing":      {"[[boards]]\ntiming = \"fast\"\n", `t.toml:2:10: boards[0].timing: unknown timing model "fast"`},
+		"vm pin":      {"[[boards]]\nname = \"a\"\n[[vm]]\nname = \"g\"\nboard = \"b\"\n", `t.toml:5:9: vm[0].board: no board "b" (have a)`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.in), "t.toml")

@@ -245,6 +245,7 @@ func (d *decoder) vms(v any) error {
 				{"bar1", setSize(&vm.BAR1)},
 				{"bar3", setSize(&vm.BAR3)},
 				{"profile", setString(&vm.Profile)},
+				{"board", setString(&vm.Board)},
 				{"slo", setDuration(&vm.SLO)},
 			})
 		} else {

@@ -112,6 +112,7 @@ func (c Config) validate(skip map[string]bool) error {
 	v := &validator{src: c.src, skip: skip}
 	c.validateBoard(v)
 	c.validateBoards(v)
+	c.validateVMBoards(v)
 	c.validateDaemon(v)
 	c.validatePartition(v)
 	c.validateScheduler(v)
