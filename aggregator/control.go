@@ -86,6 +86,7 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	GET    /v1/vgpus       every attached vGPU with its counters
 //	GET    /v1/vgpus/{id}  one vGPU
 //	DELETE /v1/vgpus/{id}  tear a vGPU down (its VM loses the GPU)
+//	POST   /v1/vgpus/{id}/reset  reset a vGPU in place (its guest re-initialises)
 //	GET    /v1/layout      how the board is partitioned
 //	GET    /v1/types       the vGPU profiles and how many more of each fit
 //
@@ -115,6 +116,9 @@ func (a *Aggregator) ControlHandler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"destroyed": strconv.Itoa(v.ID)})
+	})
+	mux.HandleFunc("POST /v1/vgpus/{id}/reset", func(w http.ResponseWriter, r *http.Request) {
+		a.serveReset(w, r.PathValue("id"))
 	})
 	mux.HandleFunc("GET /v1/layout", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.layout)

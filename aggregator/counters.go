@@ -38,6 +38,7 @@ type Counters struct {
 	PVDRMRejected         uint64 // pvdrm: requests answered with an error
 	PVDRMShares           uint64 // pvdrm: buffers whose pages were shared with the guest (GEM_MMAP)
 	PVDRMPoolHits         uint64 // pvdrm: GEM_NEW answered from the pool (no new share)
+	Resets                uint64 // resets of the vGPU (function-level reset, control API): reset.go
 }
 
 // Map returns the counters under their report names.
@@ -55,6 +56,7 @@ func (c Counters) Map() map[string]uint64 {
 		"hypercalls": c.Hypercalls, "hypercall_ops": c.HypercallOps, "ptes_mapped": c.PTEsMapped,
 		"pv_rejected": c.PVRejected, "pvdrm_requests": c.PVDRMRequests, "pvdrm_notifications": c.PVDRMNotifications,
 		"pvdrm_rejected": c.PVDRMRejected, "pvdrm_shares": c.PVDRMShares, "pvdrm_pool_hits": c.PVDRMPoolHits,
+		"resets": c.Resets,
 	}
 }
 
@@ -87,7 +89,7 @@ func CounterNames() []string {
 		"denied", "tlb_flushes", "scans", "incremental_scans", "ptes_scanned", "shadow_ns", "doorbells",
 		"polled_doorbells", "scan_errors", "watchdog_stops", "wedged_channels", "log_suppressed",
 		"error_reports", "reports_dropped", "hypercalls", "hypercall_ops", "ptes_mapped", "pv_rejected",
-		"pvdrm_requests", "pvdrm_notifications", "pvdrm_rejected", "pvdrm_shares", "pvdrm_pool_hits"}
+		"pvdrm_requests", "pvdrm_notifications", "pvdrm_rejected", "pvdrm_shares", "pvdrm_pool_hits", "resets"}
 }
 
 // counters is the live, atomically updated form.
@@ -111,12 +113,16 @@ type counters struct {
 	pvdrmRejected   atomic.Uint64
 	pvdrmShares     atomic.Uint64
 	pvdrmPoolHits   atomic.Uint64
+	resets          atomic.Uint64
+	// carried is what the shadows that resets dropped had counted (under
+	// VGPU.mu), so that the scan counters stay monotonic.
+	carried shadowCarry
 }
 
 func (v *VGPU) snapshot() Counters {
 	c := &v.ctr
 	sh := v.shadows.Counters()
-	var bar shadow.Counters
+	bar := shadow.Counters(c.carried) // the shadows' counts before the last reset
 	for _, b := range v.bars {
 		if b != nil {
 			t := b.sp.Totals()
@@ -131,8 +137,8 @@ func (v *VGPU) snapshot() Counters {
 		BAR3Reads: c.reads[3].Load(), BAR3Writes: c.writes[3].Load(),
 		Denied:             c.denied.Load(),
 		TLBFlushes:         c.tlbFlushes.Load(),
-		Scans:              sh.FullScans + sh.IncrementalScans + bar.FullScans,
-		IncrementalScans:   sh.IncrementalScans,
+		Scans:              sh.FullScans + sh.IncrementalScans + bar.FullScans + bar.IncrementalScans,
+		IncrementalScans:   sh.IncrementalScans + bar.IncrementalScans,
 		PTEsScanned:        sh.PTEsScanned + bar.PTEsScanned,
 		ShadowNs:           uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
 		Doorbells:          c.doorbells.Load(),
@@ -154,5 +160,6 @@ func (v *VGPU) snapshot() Counters {
 		PVDRMRejected:      c.pvdrmRejected.Load(),
 		PVDRMShares:        c.pvdrmShares.Load(),
 		PVDRMPoolHits:      c.pvdrmPoolHits.Load(),
+		Resets:             c.resets.Load(),
 	}
 }

@@ -32,6 +32,20 @@ func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
 			}
 		}
 		return r, nil
+	case ipc.OpReset:
+		// The guest's function-level reset (docs/protocol.md §5.4).
+		if len(args) != 0 {
+			return r, fmt.Errorf("reset call with %d arguments", len(args))
+		}
+		err := v.agg.Reset(v, "function-level reset by the guest")
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrResetDestroyed):
+			r.Status = -5 // the connection ends with a Bye
+		default:
+			r.Status = -1
+		}
+		return r, nil
 	}
 	v.ctr.denied.Add(1)
 	r.Status = -1 // unknown op: refused, not fatal
