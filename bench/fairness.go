@@ -48,6 +48,13 @@ type FairnessOptions struct {
 	Command    VMCommand
 	Progress   func(msg string)
 	Logger     *slog.Logger
+	// SLO gives the VMs queue-wait objectives and tunes SLA feedback
+	// (gpuvm bench slo).
+	SLO aggregator.SLOOptions
+	// Watch, if set, runs while the VMs load the GPU (from the moment the
+	// run is recorded) with the run's aggregator, until ctx is done —
+	// after the VMs ended, before their results are summarised.
+	Watch func(ctx context.Context, agg *aggregator.Aggregator)
 }
 
 // FairnessRun is one (policy, VM count) experiment.
@@ -221,7 +228,7 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	// Weights reach the dispatcher as a toolstack's would: the aggregator
 	// asks Options.Weight for each guest as its vGPU is created.
 	srv, err := serveBoard(ctx, o.Board, aggregator.Options{Partition: fairnessPartition(n), MaxVMs: n, Policy: p, Logger: log,
-		Weight: func(g aggregator.Guest) int { return max(weightOf[g.Name], 1) }},
+		Weight: func(g aggregator.Guest) int { return max(weightOf[g.Name], 1) }, SLO: o.SLO},
 		&ipc.ListenOptions{Spin: o.ServerSpin})
 	if err != nil {
 		return run, err
@@ -268,8 +275,10 @@ func runLoads(ctx context.Context, o FairnessOptions, policy string, kinds []str
 	// Record from the moment every VM is set up and loads the GPU.
 	gerr := openGate(ctx, gate, n, func() bool { return ended.Load() > 0 })
 	agg.StartRecording()
+	unwatch := o.watch(agg)
 	splits := agg.DispatchStats().Splits
 	wg.Wait()
+	unwatch()
 	run.Splits = agg.DispatchStats().Splits - splits
 	if err := errors.Join(append(errs, gerr)...); err != nil {
 		return run, err
