@@ -105,6 +105,7 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 			f.Close()
 		}
 	}()
+	d.pci.SetFLR(func() error { return resetOverIPC(d.client) }) // the guest's function-level reset
 	d.bar1Size, d.bar3Size = d.pageParam(ipc.ParamBAR1Size, nvc0.BAR1Size), d.pageParam(ipc.ParamBAR3Size, nvc0.BAR3Size)
 	if !cfg.TrapCostSet {
 		d.trapCost = time.Duration(d.param(ipc.ParamTrapNs, 0, uint64(time.Second)))

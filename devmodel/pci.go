@@ -61,6 +61,21 @@ type ConfigSpace struct {
 	mu   sync.Mutex
 	regs [pciConfigSize]byte
 	bars []barDef
+	// flr runs a function-level reset of the device behind the config
+	// space (SetFLR); nil: the write of Initiate FLR resets only the
+	// config space's own state.
+	flr func() error
+}
+
+// SetFLR sets what a guest's function-level reset does to the device: f
+// runs when the guest sets Initiate Function Level Reset in Device
+// Control, and the config write completes when f returned (a device
+// model's f resets the vGPU through the aggregator, ipc.OpReset). Its
+// error is the write's.
+func (c *ConfigSpace) SetFLR(f func() error) {
+	c.mu.Lock()
+	c.flr = f
+	c.mu.Unlock()
 }
 
 // NewConfigSpace returns the config space of a Quadro 6000.
@@ -99,8 +114,22 @@ func newConfigSpace(defs []barDef) *ConfigSpace {
 	for _, b := range c.bars {
 		le.PutUint32(c.regs[pciBAR0+4*b.index:], b.flags)
 	}
+	// The PCI Express capability, the only one in the list: an endpoint
+	// that can be reset alone (function-level reset).
+	le.PutUint16(c.regs[pciStatus:], nvc0.PCIStatusCapList)
+	c.regs[nvc0.PCICapPtr] = nvc0.PCIExpCapOffset
+	x := nvc0.PCIExpCapOffset
+	c.regs[x], c.regs[x+1] = nvc0.PCICapIDExp, 0 // the last capability
+	le.PutUint16(c.regs[x+nvc0.PCIExpFlags:], nvc0.PCIExpFlagsVersion2|nvc0.PCIExpFlagsTypeEndpoint)
+	le.PutUint32(c.regs[x+nvc0.PCIExpDevCap:], nvc0.PCIExpDevCapFLR)
+	le.PutUint16(c.regs[x+nvc0.PCIExpDevCtl:], nvc0.PCIExpDevCtlDefault)
+	le.PutUint32(c.regs[x+nvc0.PCIExpLnkCap:], nvc0.PCIExpLinkGen1x16)
+	le.PutUint16(c.regs[x+nvc0.PCIExpLnkSta:], nvc0.PCIExpLinkGen1x16)
 	return c
 }
+
+// devCtl is the offset of Device Control in the config space.
+const devCtl = nvc0.PCIExpCapOffset + nvc0.PCIExpDevCtl
 
 // Read returns size (1, 2 or 4) bytes at off.
 func (c *ConfigSpace) Read(off, size int) (uint32, error) {
@@ -117,26 +146,61 @@ func (c *ConfigSpace) Read(off, size int) (uint32, error) {
 }
 
 // Write stores size bytes at off where the register is writable: the command
-// register's enable bits and the BAR address bits. Everything else is read-only.
+// register's enable bits, the BAR address bits and Device Control.
+// Everything else is read-only. Setting Initiate Function Level Reset in
+// Device Control resets the function: the device (SetFLR) and the config
+// space's own resettable state — Command and Device Control return to
+// their power-on values (a driver restores what it saved, as Linux's
+// pci_restore_state does); the BAR placement stays. The write completes
+// once the reset has, and returns its error.
 func (c *ConfigSpace) Write(off, size int, val uint32) error {
 	if err := checkConfig(off, size); err != nil {
 		return err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	flr := false
 	for i := 0; i < size; i++ {
-		c.writeByte(off+i, byte(val>>(8*i)))
+		flr = c.writeByte(off+i, byte(val>>(8*i))) || flr
+	}
+	f := c.flr
+	c.mu.Unlock()
+	if !flr {
+		return nil
+	}
+	// Outside the lock: the reset takes as long as stopping the vGPU's
+	// channels and scrubbing its VRAM, and config reads meanwhile are
+	// harmless.
+	var err error
+	if f != nil {
+		err = f()
+	}
+	c.mu.Lock()
+	le := binary.LittleEndian
+	le.PutUint16(c.regs[pciCommand:], 0)
+	le.PutUint16(c.regs[devCtl:], nvc0.PCIExpDevCtlDefault)
+	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("function-level reset: %w", err)
 	}
 	return nil
 }
 
-func (c *ConfigSpace) writeByte(off int, b byte) {
+// writeByte stores one byte; it reports whether the byte started a
+// function-level reset.
+func (c *ConfigSpace) writeByte(off int, b byte) (flr bool) {
 	switch {
 	case off == pciCommand:
 		c.regs[off] = b & (pciCommandIO | pciCommandMemory | pciCommandMaster)
 	case off >= pciBAR0 && off < pciBAR0+6*4:
 		c.writeBARByte(off, b)
+	case off == devCtl:
+		c.regs[off] = b
+	case off == devCtl+1:
+		// Bit 15 (Initiate FLR) always reads 0.
+		c.regs[off] = b &^ byte(nvc0.PCIExpDevCtlFLR>>8)
+		return b&byte(nvc0.PCIExpDevCtlFLR>>8) != 0
 	}
+	return false
 }
 
 // writeBARByte keeps the BAR's type bits and clears the address bits below

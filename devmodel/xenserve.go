@@ -103,6 +103,7 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	if err != nil {
 		return nil, err
 	}
+	cs.SetFLR(func() error { return resetOverIPC(client) }) // the guest's function-level reset
 	m.router = NewXenRouterSpace(cfg.Device, cs, client, log)
 	open := cfg.OpenServer
 	if open == nil {

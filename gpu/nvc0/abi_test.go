@@ -15,6 +15,20 @@ func TestABIParity(t *testing.T) {
 		public uint64
 		source string
 	}{
+		// PCI Express capability (the PCIe Base Specification; Linux's
+		// include/uapi/linux/pci_regs.h names the same values)
+		{"Status: capability list", PCIStatusCapList, 0x10, "PCI_STATUS_CAP_LIST"},
+		{"capability pointer", PCICapPtr, 0x34, "PCI_CAPABILITY_LIST"},
+		{"capability ID: PCI Express", PCICapIDExp, 0x10, "PCI_CAP_ID_EXP"},
+		{"PCIe capabilities register", PCIExpFlags, 2, "PCI_EXP_FLAGS"},
+		{"Device Capabilities", PCIExpDevCap, 4, "PCI_EXP_DEVCAP"},
+		{"Device Capabilities: FLR", PCIExpDevCapFLR, 0x10000000, "PCI_EXP_DEVCAP_FLR"},
+		{"Device Control", PCIExpDevCtl, 8, "PCI_EXP_DEVCTL"},
+		{"Device Control: initiate FLR", PCIExpDevCtlFLR, 0x8000, "PCI_EXP_DEVCTL_BCR_FLR"},
+		{"Device Status", PCIExpDevSta, 0x0A, "PCI_EXP_DEVSTA"},
+		{"Link Capabilities", PCIExpLnkCap, 0x0C, "PCI_EXP_LNKCAP"},
+		{"Link Status", PCIExpLnkSta, 0x12, "PCI_EXP_LNKSTA"},
+
 		// PMC / PBUS
 		{"PMC_BOOT_0 (Quadro 6000, GF100 A3)", Boot0Value, 0x0C0C00A3, "nvkm_device_ctor decode; GPUvm's nvc0.h NVC0_REG0"},
 		{"PRAMIN window register", RegPRAMINWindow, 0x1700, "nv50 instmem; envytools HOST_MEM.PMEM"},

@@ -96,3 +96,44 @@ func BARSize(bar int) uint64 {
 // Request, which the root complex returns to the CPU as all-ones. Drivers
 // test for it (Linux: PCI_POSSIBLE_ERROR, include/linux/pci.h).
 const ReadAllOnes = 0xFFFFFFFF
+
+// The PCI Express capability of the modelled board's config space (PCI
+// Express Base Specification, §7.5.3; Linux names the same registers in
+// include/uapi/linux/pci_regs.h). It is what lets a guest reset its vGPU
+// alone: Device Capabilities says the function supports a function-level
+// reset (FLR), and setting Initiate Function Level Reset in Device Control
+// starts one (docs/design.md, "Resetting a vGPU").
+const (
+	PCIStatusCapList = 0x10 // Status register (0x06): a capability list is present
+	PCICapPtr        = 0x34 // offset of the first capability
+	PCICapIDExp      = 0x10 // capability ID of PCI Express
+
+	// PCIExpCapOffset is where the modelled board's PCI Express capability
+	// sits: the model's choice (its power-management and MSI capabilities
+	// are not modelled, so it is the only one).
+	PCIExpCapOffset = 0x78
+	PCIExpCapSize   = 0x3C // a version 2 capability
+
+	// Register offsets inside the capability.
+	PCIExpFlags  = 0x02 // PCI Express Capabilities register (16 bits)
+	PCIExpDevCap = 0x04 // Device Capabilities (32 bits)
+	PCIExpDevCtl = 0x08 // Device Control (16 bits)
+	PCIExpDevSta = 0x0A // Device Status (16 bits)
+	PCIExpLnkCap = 0x0C // Link Capabilities (32 bits)
+	PCIExpLnkSta = 0x12 // Link Status (16 bits)
+
+	PCIExpFlagsVersion2     = 0x0002 // capability version 2
+	PCIExpFlagsTypeEndpoint = 0x0000 // device/port type (bits 7:4): PCI Express Endpoint
+	// PCIExpDevCapFLR (bit 28): the function supports function-level reset.
+	PCIExpDevCapFLR = 1 << 28
+	// PCIExpDevCtlFLR (bit 15): Initiate Function Level Reset; writing 1
+	// starts one, and the bit always reads 0.
+	PCIExpDevCtlFLR = 1 << 15
+	// PCIExpDevCtlDefault is Device Control after reset: Enable Relaxed
+	// Ordering (bit 4), Enable No Snoop (bit 11), Max_Read_Request_Size
+	// 512 bytes (bits 14:12 = 010b).
+	PCIExpDevCtlDefault = 0x2810
+	// PCIExpLinkGen1x16 is the link the board reports (capabilities and
+	// status): 2.5 GT/s (speed code 1), 16 lanes (width in bits 9:4).
+	PCIExpLinkGen1x16 = 1 | 16<<4
+)

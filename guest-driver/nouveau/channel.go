@@ -42,9 +42,10 @@ type pending struct {
 // in DMA memory mapped into the channel's VM, a user area (doorbell) in the
 // poll area, and a semaphore page for fences.
 type Channel struct {
-	d  *Device
-	vm *VM
-	id int
+	d   *Device
+	vm  *VM
+	id  int
+	gen uint64 // the device's generation it was made in (reset.go)
 
 	ramin   *kobj
 	pgd     bool           // PV: the aggregator binds vm's page directory to ramin
@@ -85,7 +86,11 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 		d.mu.Unlock()
 		return nil, ErrNoChannel
 	}
-	c = &Channel{d: d, vm: vm, id: id}
+	if vm.gen != d.gen.Load() {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("new channel in a VM from before a reset: %w", ErrDeviceReset)
+	}
+	c = &Channel{d: d, vm: vm, id: id, gen: vm.gen}
 	d.chans[id] = c
 	d.mu.Unlock()
 	defer func() {
@@ -264,6 +269,9 @@ func (c *Channel) queueWordsLocked(words []uint32) error {
 	if c.closed {
 		return ErrClosed
 	}
+	if !c.d.current(c.gen) {
+		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceReset)
+	}
 	start, err := c.reserve(n)
 	if err != nil {
 		return err
@@ -291,6 +299,9 @@ func (c *Channel) entryLocked(va uint64, words uint32, start, end uint64) {
 
 // ringLocked writes GP_PUT: the doorbell.
 func (c *Channel) ringLocked() {
+	if !c.d.current(c.gen) {
+		return // the id may be another channel's now
+	}
 	c.d.mmio.Write32(nvc0.BAR1, c.userOffset(nvc0.UserGPPut), c.put)
 }
 
@@ -502,8 +513,14 @@ func (c *Channel) checkFault() error {
 	if err := c.d.collectErrors(); err != nil {
 		return fmt.Errorf("channel %d: %w", c.id, err)
 	}
+	if !c.d.current(c.gen) {
+		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceReset)
+	}
 	if fe := c.d.channelError(c.id); fe != nil {
 		return fe
+	}
+	if c.d.resetDetected() {
+		return fmt.Errorf("channel %d: %w", c.id, ErrDeviceReset)
 	}
 	return nil
 }
@@ -519,6 +536,9 @@ func (c *Channel) Close() error {
 	c.closed = true
 	c.mu.Unlock()
 	d := c.d
+	if d.orphaned(c.gen) {
+		return c.releaseOrphan()
+	}
 	d.mu.Lock()
 	err := hwseq.StopChannel(d.mmio, c.id, d.opts.Timeout)
 	d.mu.Unlock()

@@ -136,6 +136,9 @@ type Device struct {
 	flushMu   sync.Mutex      // serialises TLB flush sequences
 	pv        *pvClient       // the hypercall client in PV modes, nil in PVOff
 	irq       gpu.Interrupter // the GPU's interrupt line, nil if fence waits poll (irq.go)
+	// gen counts the resets the driver went through (reset.go): channels
+	// and VMs of an older generation are orphaned.
+	gen atomic.Uint64
 	// faultLook is the interrupt count when a fence sleep last looked at
 	// the fault registers: an interrupt since then may announce a fault
 	// that no waiter has seen yet (irq.go).

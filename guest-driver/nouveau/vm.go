@@ -14,6 +14,7 @@ import (
 // writes them in VRAM (PVOff) or the aggregator holds them (PV modes).
 type VM struct {
 	d    *Device
+	gen  uint64 // the device's generation it was made in (reset.go)
 	pd   *kobj  // the page directory in VRAM (PVOff)
 	pvPD uint32 // the aggregator's handle of the page directory (PV modes)
 	mmu  vmMMU
@@ -58,7 +59,7 @@ const (
 
 // NewVM creates an empty address space.
 func (d *Device) NewVM() (*VM, error) {
-	vm := &VM{d: d, va: rangealloc.New(vmBase, vmLimit-vmBase), pts: map[uint64]pageTable{}}
+	vm := &VM{d: d, gen: d.gen.Load(), va: rangealloc.New(vmBase, vmLimit-vmBase), pts: map[uint64]pageTable{}}
 	var err error
 	if d.pv != nil {
 		vm.pvPD, err = d.pv.alloc(hypercall.KindPageDir)
@@ -130,6 +131,9 @@ func (vm *VM) mapRange(va, size uint64, pte func(off uint64) nvc0.PTE) error {
 	}
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	if !vm.d.current(vm.gen) {
+		return fmt.Errorf("map [%#x, +%#x): %w", va, size, ErrDeviceReset)
+	}
 	return vm.mmu.finish(vm.writeRange(va, size, pte))
 }
 
@@ -175,6 +179,10 @@ func (vm *VM) pageTable(va uint64) (pageTable, error) {
 func (vm *VM) Close() error {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
+	if vm.d.orphaned(vm.gen) {
+		vm.pts = nil // the reset took its tables with it
+		return nil
+	}
 	err := vm.mmu.close(vm.pts)
 	vm.pts = nil
 	return err
