@@ -29,7 +29,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "report", "--out", "x", "--runs", "0"}, "--runs 0: want 1..1000"},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
 		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
-		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, layout, types)`},
+		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, reset, layout, types)`},
 		{[]string{"vgpu", "stats"}, "want one vGPU id"},
 		{[]string{"vgpu", "destroy", "1", "2"}, "got 2 arguments"},
 		{[]string{"vgpu", "stats", "0", "--nope"}, "flag provided but not defined: -nope (see 'gpuvm vgpu stats --help')"},
@@ -83,6 +83,7 @@ func TestFlagsAfterArguments(t *testing.T) {
 		{"vgpu", "stats", "5", "--control-socket", ctl},
 		{"vgpu", "stats", "5", "--control-socket=" + ctl},
 		{"--log-level", "error", "vgpu", "destroy", "5", "--control-socket", ctl},
+		{"vgpu", "reset", "5", "--control-socket", ctl},
 	} {
 		stdout, _, err := runApp(t, args...)
 		// No vGPU 5: the daemon answers 404, which proves the flag took.

@@ -24,7 +24,9 @@ func controlClient(path string) *http.Client {
 
 func vgpuCommand() *cli.Command {
 	ctl := &cli.PathFlag{Name: "control-socket", Value: config.Default().Daemon.ControlSocket, Usage: "the aggregator's control socket"}
-	call := func(method, path string, needID bool) cli.ActionFunc {
+	// call asks the control API; with needID the vGPU's id follows path,
+	// and then suffix.
+	call := func(method, path string, needID bool, suffix ...string) cli.ActionFunc {
 		return func(c *cli.Context) error {
 			url := "http://aggregator" + path
 			if needID {
@@ -33,6 +35,9 @@ func vgpuCommand() *cli.Command {
 					return usageHint(c, "want one vGPU id (gpuvm vgpu list shows them), got %d arguments", len(args))
 				}
 				url += "/" + args[0]
+			}
+			for _, s := range suffix {
+				url += s
 			}
 			req, err := http.NewRequestWithContext(c.Context, method, url, nil)
 			if err != nil {
@@ -54,11 +59,21 @@ func vgpuCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "vgpu",
-		Usage: "list, inspect or destroy the aggregator's vGPUs; list the vGPU profiles",
+		Usage: "list, inspect, reset or destroy the aggregator's vGPUs; list the vGPU profiles",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every vGPU with its counters (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", false)},
 			{Name: "stats", Usage: "one vGPU's counters (JSON)", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", true)},
 			{Name: "destroy", Usage: "tear a vGPU down; its VM loses the GPU", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodDelete, "/v1/vgpus", true)},
+			{Name: "reset", Usage: "reset a vGPU in place; its VM keeps the GPU and re-initialises it", ArgsUsage: "ID",
+				Description: "Resets vGPU ID as a function-level reset of its virtual PCI device would: its channels\n" +
+					"stop (work in flight is lost), its VRAM is scrubbed (the whole slot) and its registers\n" +
+					"return to their power-on values. It keeps its slot, its id and its VM's connection: the\n" +
+					"guest driver sees the GPU reset and re-initialises it. A guest starts the same reset\n" +
+					"itself by the FLR bit of the device's PCI Express capability.\n\n" +
+					"Exit status: 0 once the vGPU is reset; 1 if there is no such vGPU, it cannot be reset\n" +
+					"in place (pvdrm), or a channel would not stop (the vGPU is then destroyed and its slot\n" +
+					"taken out of service, as a failed teardown); 2 for bad arguments.",
+				Flags: []cli.Flag{ctl}, Action: call(http.MethodPost, "/v1/vgpus", true, "/reset")},
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
 			vgpuTypesCommand(ctl),
 		},
