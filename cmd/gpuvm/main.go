@@ -64,6 +64,7 @@ func newApp() *cli.App {
 			serveCommand(),
 			devmodelCommand(),
 			vgpuCommand(),
+			boardCommand(),
 			xlCommand(),
 			guestCommand(),
 			topCommand(),

@@ -16,10 +16,8 @@ import (
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
-	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/metrics"
-	"github.com/gpuvm/gpuvm/sched"
 	"github.com/gpuvm/gpuvm/xen"
 	"github.com/gpuvm/gpuvm/xen/foreign"
 	"github.com/gpuvm/gpuvm/xen/privcmd"
@@ -103,46 +101,11 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
-	if cfg.Board.Kind != config.BoardSim {
-		return usageError("board.kind %q: this build drives the simulated board only (real boards need the PCI back end)", cfg.Board.Kind)
-	}
-	timing, err := sim.TimingByName(string(cfg.Board.Timing))
-	if err != nil {
-		return usageError("%v", err)
-	}
-	layout, err := aggregator.NewLayout(cfg.Partition, cfg.Daemon.MaxVMs, uint64(cfg.Board.VRAM), cfg.Board.Channels)
-	if err != nil {
-		return usageError("%v", err)
-	}
-	board, err := sim.New(sim.Config{VRAMSize: uint64(cfg.Board.VRAM), Channels: cfg.Board.Channels, MemPartitions: cfg.Board.MemPartitions,
-		Timing: timing, VRAMSegments: layout.Segments(uint64(cfg.Board.VRAM))})
+	h, err := newHost(c, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer board.Close()
-	policy, err := sched.New(string(cfg.Scheduler.Policy), sched.FromConfig(cfg.Scheduler))
-	if err != nil {
-		return usageError("scheduler: %v", err)
-	}
-	agg, err := aggregator.New(board, aggregator.Options{Partition: cfg.Partition, MaxVMs: cfg.Daemon.MaxVMs, Channels: cfg.Board.Channels, Logger: log,
-		BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs, TrapNs: timing.TrapNs, Timing: timing.Name,
-		Policy: policy, Watchdog: cfg.Scheduler.Watchdog.Duration,
-		PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
-		// Per-VM [[vm]] settings, matched by domain name or id.
-		Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
-		Mode:   func(g aggregator.Guest) string { return string(cfg.ConfiguredMode(g.Name, int(g.DomID))) },
-		Quota: func(g aggregator.Guest) aggregator.Quota {
-			v := cfg.LookupVM(g.Name, int(g.DomID))
-			return aggregator.Quota{Channels: v.Channels, VRAM: uint64(v.VRAM), BAR1: uint64(v.BAR1), BAR3: uint64(v.BAR3)}
-		},
-		Profiles:  profiles(cfg),
-		ProfileOf: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Profile },
-		DomainRAM: domainRAM(c, log),
-	})
-	if err != nil {
-		return err
-	}
-	defer agg.Close()
+	defer h.Close()
 	for _, p := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
 		if err := socketDir(filepath.Dir(p)); err != nil {
 			return err
@@ -159,21 +122,26 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	srv := &http.Server{Handler: agg.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(cln) }()
 	defer srv.Close()
 	if cfg.Metrics.Listen != "" {
-		msrv, err := serveMetrics(cfg.Metrics.Listen, agg, log)
+		msrv, err := serveMetrics(cfg.Metrics.Listen, h, log)
 		if err != nil {
 			return err
 		}
 		defer msrv.Close()
 		fmt.Fprintf(c.App.ErrWriter, "gpuvm: Prometheus metrics on %s (GET /metrics)\n", cfg.Metrics.Listen)
 	}
+	slots := len(h.Layout().Slots)
 	log.Info("aggregator serving", "socket", cfg.Daemon.Socket, "control", cfg.Daemon.ControlSocket,
-		"vms", cfg.Daemon.MaxVMs, "vram_per_vm", cfg.Partition.VRAMPerVM.String())
-	fmt.Fprintf(c.App.ErrWriter, "gpuvm: serving %d vGPU slots on %s (control: %s)\n", cfg.Daemon.MaxVMs, cfg.Daemon.Socket, cfg.Daemon.ControlSocket)
-	err = agg.Serve(c.Context, ln)
+		"boards", len(h.Boards()), "vms", slots, "vram_per_vm", cfg.Partition.VRAMPerVM.String())
+	if n := len(h.Boards()); n > 1 {
+		fmt.Fprintf(c.App.ErrWriter, "gpuvm: serving %d vGPU slots on %d boards on %s (control: %s)\n", slots, n, cfg.Daemon.Socket, cfg.Daemon.ControlSocket)
+	} else {
+		fmt.Fprintf(c.App.ErrWriter, "gpuvm: serving %d vGPU slots on %s (control: %s)\n", slots, cfg.Daemon.Socket, cfg.Daemon.ControlSocket)
+	}
+	err = h.Serve(c.Context, ln)
 	log.Info("aggregator stopping", "reason", context.Cause(c.Context))
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -252,7 +220,7 @@ const maxMetricsConns = 16
 // serveMetrics serves the Prometheus endpoint on listen (config.MetricsAddr):
 // a Unix socket is created as the control socket is (a safe directory, a
 // live socket refused), a TCP address listened on as given.
-func serveMetrics(listen string, agg *aggregator.Aggregator, log *slog.Logger) (*http.Server, error) {
+func serveMetrics(listen string, src metrics.Source, log *slog.Logger) (*http.Server, error) {
 	network, addr, err := config.MetricsAddr(listen)
 	if err != nil {
 		return nil, usageError("metrics.listen: %v", err)
@@ -270,7 +238,7 @@ func serveMetrics(listen string, agg *aggregator.Aggregator, log *slog.Logger) (
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics.Handler(agg))
+	mux.Handle("GET /metrics", metrics.Handler(src))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "gpuvm aggregator: metrics at /metrics")
 	})

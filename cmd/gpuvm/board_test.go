@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/host"
+)
+
+// TestServeSeveralBoards: one `gpuvm serve` owns two boards of different
+// sizes; VMs (real device-model processes) are placed on both, each
+// computes on its own board, a pinned VM goes where its [[vm]] entry says,
+// and `gpuvm board` lists, cordons and explains.
+func TestServeSeveralBoards(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/a.sock", dir+"/ctl.sock"
+	startDaemon(t, daemonConfig(t, dir, sock, ctl, `[[boards]]
+name = "big"
+[[boards]]
+name = "small"
+vram = "768MiB"
+mem_partitions = 4
+max_vms = 1
+[[vm]]
+name = "pinned"
+board = "small"
+`), ctl)
+
+	out, _, err := runApp(t, "board", "list", "--control-socket", ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "big") || !strings.Contains(out, "small") || !strings.Contains(out, "active") {
+		t.Fatalf("board list:\n%s", out)
+	}
+
+	startComputingVM(t, sock, ctl, "pinned", 3)
+	startComputingVM(t, sock, ctl, "free", 4)
+	var vgpus []aggregator.VGPUInfo
+	if err := controlGet(context.Background(), ctl, "/v1/vgpus", &vgpus); err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]string{}
+	ids := map[int]bool{}
+	for _, v := range vgpus {
+		on[v.Name] = v.BoardName
+		if ids[v.ID] {
+			t.Fatalf("vGPU id %d twice: %+v", v.ID, vgpus)
+		}
+		ids[v.ID] = true
+	}
+	if on["pinned"] != "small" || on["free"] != "big" {
+		t.Fatalf("placed %v; want pinned on small (its pin) and free on big (small is full)", on)
+	}
+
+	// Cordon big: a third VM has nowhere to go and is told why.
+	if _, _, err := runApp(t, "board", "cordon", "big", "--control-socket", ctl); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := runApp(t, "devmodel", "--socket", sock, "--name", "third", "--domid", "5", "--ram", "64MiB", "--workloads", "nop", "--runs", "1")
+	if err == nil || !strings.Contains(stderr+err.Error(), "big: board is cordoned") {
+		t.Fatalf("a VM with every board cordoned or full: err %v\n%s", err, stderr)
+	}
+	body, _, err := runApp(t, "board", "placements", "--control-socket", ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decisions []host.Decision
+	if err := json.Unmarshal([]byte(body), &decisions); err != nil {
+		t.Fatalf("placements: %v\n%s", err, body)
+	}
+	if len(decisions) != 3 || decisions[0].Board != "small" || decisions[2].Board != "" {
+		t.Fatalf("placements: %+v", decisions)
+	}
+	if _, _, err := runApp(t, "board", "cordon", "nope", "--control-socket", ctl); err == nil {
+		t.Fatal("cordoned a board that does not exist")
+	}
+	if _, _, err := runApp(t, "vgpu", "layout", "--control-socket", ctl); err == nil {
+		t.Fatal("vgpu layout on a host of two boards answered without naming one")
+	}
+	if out, _, err := runApp(t, "board", "layout", "small", "--control-socket", ctl); err != nil || !strings.Contains(out, `"slots"`) {
+		t.Fatalf("board layout small: %v\n%s", err, out)
+	}
+}
