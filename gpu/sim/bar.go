@@ -26,6 +26,9 @@ func (b *Board) Read32(bar int, off uint64) uint32 {
 		return 0
 	}
 	defer b.leave()
+	if b.busLost.Load() {
+		return 0xFFFFFFFF // nobody answers: the master aborts with all ones
+	}
 	defer b.chargeFrom(time.Now(), b.timing.MMIOReadNs)
 	return b.read32(bar, off)
 }
@@ -59,6 +62,9 @@ func (b *Board) Write32(bar int, off uint64, v uint32) {
 		return
 	}
 	defer b.leave()
+	if b.busLost.Load() {
+		return
+	}
 	defer b.chargeFrom(time.Now(), b.timing.MMIOWriteNs)
 	b.write32(bar, off, v)
 }

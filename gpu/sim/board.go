@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu"
@@ -85,6 +86,8 @@ type Board struct {
 	// it for reading and checks closed; Close takes it for writing.
 	life   sync.RWMutex
 	closed bool
+	// busLost: the board fell off the bus (FailBus): it answers nothing.
+	busLost atomic.Bool
 
 	st counters
 	r  regState

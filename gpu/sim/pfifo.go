@@ -304,7 +304,7 @@ func (c *channel) worker() {
 func (c *channel) run() {
 	b := c.b
 	c.mu.Lock()
-	if !c.schedulable() {
+	if !c.schedulable() || b.busLost.Load() {
 		c.mu.Unlock()
 		return
 	}
@@ -348,6 +348,9 @@ func (c *channel) run() {
 		c.sem, c.compute, c.copy = semState{}, computeState{}, [nvc0.NumCopyEngines]copyState{}
 	}
 	for {
+		if b.busLost.Load() {
+			return // fell off the bus: nothing more runs, nothing is reported
+		}
 		put, ok := b.physRead32(phys{addr: user + nvc0.UserGPPut})
 		if !ok {
 			c.fail(gen, inst, &faultError{va: user, reason: nvc0.FaultReasonNoMemory})
@@ -369,7 +372,7 @@ func (c *channel) run() {
 		}
 		end, err := c.entry(ctx, v, ringVA+uint64(get)*nvc0.GPFIFOEntrySize)
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !b.busLost.Load() {
 				c.fail(gen, inst, err)
 			}
 			return // otherwise cancelled: preempted or board closing

@@ -217,6 +217,9 @@ func (b *Board) ReadVRAM(p []byte, off uint64) error {
 		return errClosed
 	}
 	defer b.leave()
+	if b.busLost.Load() {
+		return ErrBusLost
+	}
 	defer b.chargeFrom(time.Now(), int64(b.timing.hostAccess(len(p), false)))
 	if !b.vram.inRange(off, uint64(len(p))) {
 		return fmt.Errorf("sim: read VRAM [%#x, +%#x): beyond %#x", off, len(p), b.cfg.VRAMSize)
@@ -232,6 +235,9 @@ func (b *Board) WriteVRAM(p []byte, off uint64) error {
 		return errClosed
 	}
 	defer b.leave()
+	if b.busLost.Load() {
+		return ErrBusLost
+	}
 	defer b.chargeFrom(time.Now(), int64(b.timing.hostAccess(len(p), true)))
 	if !b.vram.inRange(off, uint64(len(p))) {
 		return fmt.Errorf("sim: write VRAM [%#x, +%#x): beyond %#x", off, len(p), b.cfg.VRAMSize)
@@ -248,6 +254,9 @@ func (b *Board) ScrubVRAM(off, n uint64) error {
 		return errClosed
 	}
 	defer b.leave()
+	if b.busLost.Load() {
+		return ErrBusLost
+	}
 	defer b.chargeFrom(time.Now(), int64(perSec(n, b.timing.VRAMBytesPerSec)))
 	if !b.vram.inRange(off, n) {
 		return fmt.Errorf("sim: scrub VRAM [%#x, +%#x): beyond %#x", off, n, b.cfg.VRAMSize)
