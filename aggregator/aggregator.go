@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/sched"
 )
 
@@ -67,6 +68,11 @@ type Options struct {
 	// to unmap it. Nil refuses such device models: the daemon is not
 	// running on Xen (gpuvm serve --xen sets it).
 	DomainRAM func(domid uint32, size uint64) ([]byte, func() error, error)
+	// HealthInterval is how often the board's identity is read to find a
+	// board that stopped answering (0: DefaultHealthInterval; negative:
+	// never). OnLost, if set, is told once when it is found lost (health.go).
+	HealthInterval time.Duration
+	OnLost         func(reason string)
 	// Registry hands out vGPU ids and holds guest identities; boards of one
 	// daemon share one (nil: this aggregator's own).
 	Registry *Registry
@@ -96,6 +102,7 @@ type Aggregator struct {
 	disp         *dispatcher
 	faults       *physFaults
 	fecs         map[uint32]fecsClass // FECS command table (context.go)
+	health       health
 	reg          *Registry
 	stop         context.CancelFunc
 	stopped      chan struct{}
@@ -153,6 +160,17 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 		defer wg.Done()
 		a.disp.run(ctx)
 	}()
+	if opts.HealthInterval == 0 {
+		opts.HealthInterval = DefaultHealthInterval
+	}
+	if opts.HealthInterval > 0 {
+		boot0 := g.Read32(nvc0.BAR0, nvc0.RegBoot0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.healthLoop(ctx, opts.HealthInterval, boot0)
+		}()
+	}
 	if opts.PollDoorbells {
 		wg.Add(1)
 		go func() {
@@ -187,6 +205,9 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 // attachWith is Attach with the guest RAM mapped by mapRAM, which returns
 // the mapping and how to unmap it.
 func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
+	if lost, why := a.Lost(); lost {
+		return nil, fmt.Errorf("attach %s (domid %d): %w: %s", g.Name, g.DomID, ErrBoardLost, why)
+	}
 	id, err := a.reg.claim(g)
 	if err != nil {
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
@@ -220,6 +241,14 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 		_, terr := v.teardown()
 		a.reg.release(id)
 		return nil, errors.Join(fmt.Errorf("attach %s: scheduler: %w", g.Name, err), terr)
+	}
+	if a.health.lost.Load() {
+		// The board was lost while this vGPU was built: loseBoard did not
+		// see it, so it goes here.
+		a.vgpus[slot] = nil
+		_, terr := v.teardown()
+		a.reg.release(id)
+		return nil, errors.Join(fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, ErrBoardLost), terr)
 	}
 	a.vgpus[slot] = v
 	v.log.Info("vGPU attached", "mode", g.Mode, "vram_mib", v.Slot.VRAM.Size>>20, "channels", v.Slot.Chans)

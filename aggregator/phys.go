@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/hwseq"
@@ -40,6 +41,10 @@ type physical struct {
 	// is a lock of its own: TLB flushes and playlist updates, which every
 	// VM's doorbells need, never wait behind a preempt.
 	preemptMu sync.Mutex
+
+	// lost: the board stopped answering (health.go); sequences that wait
+	// for it fail at once.
+	lost atomic.Bool
 }
 
 func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) {
@@ -143,6 +148,9 @@ func (p *physical) setBARPTEs(bar *physBAR, va uint64, ptes []nvc0.PTE) error {
 
 // flush runs a physical TLB flush.
 func (p *physical) flush(pd uint64, bar bool) error {
+	if p.lost.Load() {
+		return ErrBoardLost
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return hwseq.FlushTLB(p.gpu, pd, bar, p.timeout)
@@ -151,6 +159,9 @@ func (p *physical) flush(pd uint64, bar bool) error {
 // setActive puts physical channels on or off the playlist and resubmits it
 // (double-buffered, as a host driver does). Nothing changes: no submission.
 func (p *physical) setActive(chans map[int]bool) error {
+	if p.lost.Load() {
+		return ErrBoardLost
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changed := false
@@ -188,6 +199,9 @@ func (p *physical) setActive(chans map[int]bool) error {
 // fecsCommand runs a FECS command whose data the aggregator built (a shadow
 // instance word).
 func (p *physical) fecsCommand(cmd, data uint32) error {
+	if p.lost.Load() {
+		return ErrBoardLost
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return hwseq.FECSCommand(p.gpu, cmd, data, p.timeout)
@@ -195,6 +209,9 @@ func (p *physical) fecsCommand(cmd, data uint32) error {
 
 // fecsQuery runs a FECS size query.
 func (p *physical) fecsQuery(cmd uint32) (uint32, error) {
+	if p.lost.Load() {
+		return 0, ErrBoardLost
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return hwseq.FECSQuery(p.gpu, cmd, p.timeout)
@@ -208,6 +225,10 @@ func (p *physical) fecsQuery(cmd uint32) (uint32, error) {
 // memory. It returns the channels whose preempt did not complete in time
 // (wedged) with the error.
 func (p *physical) stop(chans ...int) (wedged []int, err error) {
+	if p.lost.Load() {
+		// Nothing can tell that they stopped: none counts as stopped.
+		return slices.Clone(chans), fmt.Errorf("stop channels %v: %w", chans, ErrBoardLost)
+	}
 	off := map[int]bool{}
 	for _, ch := range chans {
 		hwseq.DisableChannel(p.gpu, ch)

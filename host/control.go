@@ -26,16 +26,13 @@ type BoardInfo struct {
 	Queued       int     `json:"queued"` // submissions waiting now
 	Weight       int     `json:"weight"` // scheduling weight placed on it
 	VRAMPerSlot  uint64  `json:"vram_per_slot"`
+	// Lost says why a failed board was found lost.
+	Lost string `json:"lost,omitempty"`
 }
 
 // BoardInfos describes every board.
 func (h *Host) BoardInfos() []BoardInfo {
-	h.mu.Lock()
-	states := make([]State, len(h.boards))
-	for i, b := range h.boards {
-		states[i] = b.state
-	}
-	h.mu.Unlock()
+	states := h.states()
 	loads := h.load.sample(h.boards, time.Now())
 	var out []BoardInfo
 	for i, b := range h.boards {
@@ -44,6 +41,7 @@ func (h *Host) BoardInfos() []BoardInfo {
 		bi := BoardInfo{Index: b.Index, Name: b.Name, State: states[i], Timing: b.Timing, Slots: len(l.Slots),
 			OutOfService: len(b.Agg.OutOfService()), Free: c.Free, Load: c.Load, Queued: c.Queued, Weight: c.Weight}
 		bi.Used = bi.Slots - bi.Free - bi.OutOfService
+		_, bi.Lost = b.Agg.Lost()
 		if len(l.Slots) > 0 {
 			bi.VRAMPerSlot = l.Slots[0].VRAM.Size
 		}
@@ -60,6 +58,9 @@ func (h *Host) SetState(name string, s State) error {
 	}
 	if s != StateActive && s != StateCordoned {
 		return fmt.Errorf("board state %q cannot be set", s)
+	}
+	if lost, why := b.Agg.Lost(); lost {
+		return fmt.Errorf("board %q failed (%s): its state cannot change", name, why)
 	}
 	h.mu.Lock()
 	old := b.state
@@ -80,6 +81,7 @@ func (h *Host) SetState(name string, s State) error {
 //	GET    /v1/boards/{name}/layout     how a board is partitioned
 //	POST   /v1/boards/{name}/cordon     take a board out of placement
 //	POST   /v1/boards/{name}/uncordon   put it back
+//	POST   /v1/boards/{name}/fail       make it fall off the bus (with Options.FaultInjection only)
 //	GET    /v1/placements               the latest placement decisions and why
 //	GET    /v1/layout                   the layout, on a host of one board
 //	GET    /v1/types                    the profiles and how many more of each fit, all boards
@@ -127,6 +129,21 @@ func (h *Host) ControlHandler() http.Handler {
 			writeJSON(w, http.StatusOK, map[string]string{"board": r.PathValue("name"), "state": string(s)})
 		})
 	}
+	mux.HandleFunc("POST /v1/boards/{name}/fail", func(w http.ResponseWriter, r *http.Request) {
+		b := h.Board(r.PathValue("name"))
+		switch {
+		case b == nil:
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such board"})
+		case !h.opts.FaultInjection:
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "fault injection is off (gpuvm serve --fault-injection turns it on, for tests)"})
+		case b.FailBus == nil:
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "board " + b.Name + " has no fault injection"})
+		default:
+			h.log.Warn("fault injection: board falls off the bus", "board", b.Name)
+			b.FailBus()
+			writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "fell off the bus"})
+		}
+	})
 	mux.HandleFunc("GET /v1/placements", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, h.Decisions())
 	})
@@ -148,12 +165,7 @@ func (h *Host) ControlHandler() http.Handler {
 // Types lists the profiles with how many more vGPUs of each the active
 // boards can take.
 func (h *Host) Types() []aggregator.TypeInfo {
-	h.mu.Lock()
-	active := make([]bool, len(h.boards))
-	for i, b := range h.boards {
-		active[i] = b.state == StateActive
-	}
-	h.mu.Unlock()
+	states := h.states()
 	var out []aggregator.TypeInfo
 	for i, b := range h.boards {
 		for j, t := range b.Agg.Types() {
@@ -161,7 +173,7 @@ func (h *Host) Types() []aggregator.TypeInfo {
 				out = append(out, t)
 				out[j].Available = 0
 			}
-			if active[i] && j < len(out) {
+			if states[i] == StateActive && j < len(out) {
 				out[j].Available += t.Available
 			}
 		}

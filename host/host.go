@@ -31,6 +31,9 @@ type Board struct {
 	// Release lets go of the physical board once its aggregator is closed
 	// (nil: nothing to do).
 	Release func() error
+	// FailBus injects the board's falling off the bus (the simulated
+	// board's fault injection; nil: the board has none).
+	FailBus func()
 
 	// state is whether placement may choose it (under Host.mu).
 	state State
@@ -48,12 +51,18 @@ const (
 	// StateCordoned boards keep their vGPUs but take no new ones (the
 	// operator's `gpuvm board cordon`, the first step of a drain).
 	StateCordoned State = "cordoned"
+	// StateFailed boards stopped answering (their aggregator found them
+	// lost): their vGPUs were taken off and nothing is placed on them.
+	StateFailed State = "failed"
 )
 
 // Options configure a Host.
 type Options struct {
 	// Pin names the board a guest's configuration pins it to ("": any).
 	Pin func(aggregator.Guest) string
+	// FaultInjection lets the control API make a board fall off the bus
+	// (POST /v1/boards/NAME/fail): a test facility, off in production.
+	FaultInjection bool
 	// Logger receives placement decisions.
 	Logger *slog.Logger
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
@@ -27,13 +28,13 @@ func newTestHost(t *testing.T, opts Options, slots ...int) *Host {
 			t.Fatal(err)
 		}
 		name := []string{"fast", "slow", "third"}[i]
-		agg, err := aggregator.New(board, aggregator.Options{MaxVMs: n, Channels: cfg.Channels, Registry: reg, Board: i, BoardName: name,
+		agg, err := aggregator.New(board, aggregator.Options{MaxVMs: n, HealthInterval: 2 * time.Millisecond, Channels: cfg.Channels, Registry: reg, Board: i, BoardName: name,
 			Partition: config.PartitionConfig{VRAMPerVM: 128 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 64 << 20},
 			Weight:    func(g aggregator.Guest) int { return 1 + int(g.DomID)%10 }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		boards = append(boards, &Board{Index: i, Name: name, Agg: agg, Release: board.Close})
+		boards = append(boards, &Board{Index: i, Name: name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
 	}
 	h, err := New(reg, boards, opts)
 	if err != nil {
@@ -225,3 +226,52 @@ func TestDomainSettingsHeldUntilPlaced(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestFailedBoardLeavesPlacement(t *testing.T) {
+	h := newTestHost(t, Options{FaultInjection: true}, 2, 2)
+	_, _, _ = attach(t, h, 1, "on-fast")
+	srv := httptest.NewServer(h.ControlHandler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/boards/fast/fail", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("fail fast: %s", resp.Status)
+	}
+	deadline := time.Now().Add(time.Minute) // a hang guard
+	for lost, _ := h.Board("fast").Agg.Lost(); !lost || len(h.Board("fast").Agg.VGPUs()) != 0; lost, _ = h.Board("fast").Agg.Lost() {
+		if time.Now().After(deadline) {
+			t.Fatal("the failed board was never found lost")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	infos := h.BoardInfos()
+	if infos[0].State != StateFailed || !strings.Contains(infos[0].Lost, "fell off the bus") || infos[1].State != StateActive {
+		t.Fatalf("boards after the failure: %+v", infos)
+	}
+	if b, _, d := attach(t, h, 2, "next"); b == nil || b.Name != "slow" || !strings.Contains(d.Candidates[0].Excluded, "failed") {
+		t.Fatalf("placement after the failure: %v (%+v)", b, d)
+	}
+	if err := h.SetState("fast", StateActive); err == nil {
+		t.Fatal("a failed board was uncordoned")
+	}
+}
+
+func TestFaultInjectionOffByDefault(t *testing.T) {
+	h := newTestHost(t, Options{}, 1)
+	srv := httptest.NewServer(h.ControlHandler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/boards/fast/fail", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("fault injection without the option: %s", resp.Status)
+	}
+	if lost, _ := h.Board("fast").Agg.Lost(); lost {
+		t.Fatal("the board failed anyway")
+	}
+}

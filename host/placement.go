@@ -64,13 +64,7 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	if h.opts.Pin != nil {
 		pin = h.opts.Pin(g)
 	}
-	h.mu.Lock()
-	states := make([]State, len(h.boards))
-	for i, b := range h.boards {
-		states[i] = b.state
-	}
-	h.mu.Unlock()
-
+	states := h.states()
 	loads := h.load.sample(h.boards, time.Now())
 	d := Decision{Time: time.Now(), DomID: g.DomID, Name: g.Name}
 	var fit []int
@@ -113,6 +107,21 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	d.Reason = h.explain(best, fit, d.Candidates, pin)
 	h.record(d)
 	return h.boards[fit[0]], d
+}
+
+// states returns each board's state: failed once its aggregator found it
+// lost, else what the operator set.
+func (h *Host) states() []State {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	states := make([]State, len(h.boards))
+	for i, b := range h.boards {
+		states[i] = b.state
+		if lost, _ := b.Agg.Lost(); lost {
+			states[i] = StateFailed
+		}
+	}
+	return states
 }
 
 // candidate reads one board's figures.

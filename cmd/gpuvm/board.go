@@ -85,7 +85,15 @@ func boardCommand() *cli.Command {
 						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%.0f%%\t%d\t%d\n", b.Index, b.Name, b.State, b.Timing,
 							b.Used, b.Free, b.OutOfService, 100*b.Load, b.Queued, b.Weight)
 					}
-					return tw.Flush()
+					if err := tw.Flush(); err != nil {
+						return err
+					}
+					for _, b := range boards {
+						if b.Lost != "" {
+							fmt.Fprintf(c.App.Writer, "board %s failed: %s\n", b.Name, b.Lost)
+						}
+					}
+					return nil
 				}},
 			{Name: "layout", Usage: "how a board is partitioned (JSON)", ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: func(c *cli.Context) error {
 				args := positional(c)
@@ -101,6 +109,8 @@ func boardCommand() *cli.Command {
 			}},
 			{Name: "cordon", Usage: "take a board out of placement: its vGPUs stay, no new one is placed on it", ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("cordon")},
 			{Name: "uncordon", Usage: "put a cordoned board back into placement", ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("uncordon")},
+			{Name: "fail", Usage: "make a simulated board fall off the bus (needs gpuvm serve --fault-injection): its vGPUs are lost, the others carry on",
+				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("fail")},
 			{Name: "placements", Usage: "the latest placement decisions, each with every board's figures and the reason (JSON)", Flags: []cli.Flag{ctl},
 				Action: func(c *cli.Context) error {
 					body, err := controlDo(c, http.MethodGet, "/v1/placements")

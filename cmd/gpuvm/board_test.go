@@ -84,4 +84,8 @@ board = "small"
 	if out, _, err := runApp(t, "board", "layout", "small", "--control-socket", ctl); err != nil || !strings.Contains(out, `"slots"`) {
 		t.Fatalf("board layout small: %v\n%s", err, out)
 	}
+	// Fault injection is off unless the daemon was started with it.
+	if _, _, err := runApp(t, "board", "fail", "small", "--control-socket", ctl); err == nil || !strings.Contains(err.Error(), "fault injection is off") {
+		t.Fatalf("board fail without --fault-injection: %v", err)
+	}
 }

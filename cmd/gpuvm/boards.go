@@ -60,6 +60,7 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 			PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
 			// Per-VM [[vm]] settings, matched by domain name or id.
 			Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },
+			SLO:    sloOptions(cfg),
 			Mode:   func(g aggregator.Guest) string { return string(cfg.ConfiguredMode(g.Name, int(g.DomID))) },
 			Quota: func(g aggregator.Guest) aggregator.Quota {
 				v := cfg.LookupVM(g.Name, int(g.DomID))
@@ -73,8 +74,8 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 			return nil, err
 		}
 		closers = closers[:len(closers)-1] // the host closes it, after its aggregator
-		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close})
+		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
 	}
-	return host.New(reg, boards, host.Options{Logger: log,
+	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"),
 		Pin: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Board }})
 }
