@@ -18,7 +18,7 @@ func TestBoardLostFoundAndVGPUsTakenOff(t *testing.T) {
 	var lostWhy atomic.Value
 	a, boardA := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, BoardName: "a", HealthInterval: 5 * time.Millisecond,
 		Timeout: time.Hour, // a stop that waited on the dead board would hang the test
-		OnLost: func(why string) { lostCalls.Add(1); lostWhy.Store(why) }})
+		OnLost:  func(why string) { lostCalls.Add(1); lostWhy.Store(why) }})
 	b, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, Board: 1, BoardName: "b"})
 
 	victim := startGuest(t, a, "victim", "fv-optimized")
