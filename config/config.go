@@ -78,10 +78,16 @@ const (
 	// TimingFermiXen is TimingFermi plus the hypervisor's share of each
 	// trapped guest access on Xen (VM exit, ioreq delivery, resume).
 	TimingFermiXen Timing = "fermi-xen"
+	// TimingFermiSmall models a smaller board of the same family (the
+	// Quadro 4000: half the compute, 0.62 of the memory bandwidth), for a
+	// host whose boards differ in speed.
+	TimingFermiSmall Timing = "fermi-small"
 )
 
 // Valid reports whether t is a known timing model.
-func (t Timing) Valid() bool { return t == TimingNone || t == TimingFermi || t == TimingFermiXen }
+func (t Timing) Valid() bool {
+	return t == TimingNone || t == TimingFermi || t == TimingFermiXen || t == TimingFermiSmall
+}
 
 // LogLevel is the daemon's log verbosity.
 type LogLevel string
@@ -245,6 +251,9 @@ type DaemonConfig struct {
 	MaxVMs int `toml:"max_vms"`
 	// LogLevel is the log verbosity.
 	LogLevel LogLevel `toml:"log_level"`
+	// Placement is how VMs are placed on several boards: "spread" or
+	// "pack" (package host).
+	Placement string `toml:"placement"`
 }
 
 // PartitionConfig is the [partition] table: what each VM slot gets.
@@ -369,6 +378,7 @@ func Default() Config {
 			ControlSocket: filepath.Join(DefaultSocketDir(), "control.sock"),
 			MaxVMs:        8,
 			LogLevel:      LogInfo,
+			Placement:     "spread",
 		},
 		Partition: PartitionConfig{
 			VRAMPerVM:     512 * MiB,

@@ -341,7 +341,7 @@ timeslice = 0
 				"t.toml:2:8: board.vram: 32MiB is below the minimum 64MiB",
 				"t.toml:3:12: board.channels: 0 is out of range 1..128",
 				"t.toml:4:18: board.mem_partitions: 17 is out of range 1..16",
-				`t.toml:5:10: board.timing: unknown timing model "slow" (want none, fermi or fermi-xen)`,
+				`t.toml:5:10: board.timing: unknown timing model "slow" (want none, fermi, fermi-xen or fermi-small)`,
 				"t.toml:7:11: daemon.max_vms: 65 is out of range 1..64",
 				`t.toml:8:13: daemon.log_level: unknown log level "trace" (want debug, info, warn or error)`,
 				"t.toml:10:19: partition.channels_per_vm: must be at least 1",
@@ -834,6 +834,7 @@ func TestBoardsErrors(t *testing.T) {
 		"channels":    {"[[boards]]\nchannels = 64\n", `t.toml:2:12: boards[0].channels: board "gpu0": max_vms (8) × channels_per_vm (16) exceeds its 64 channels`},
 		"unknown key": {"[[boards]]\nvarm = \"1GiB\"\n", `t.toml:2:1: boards[0].varm: unknown key (did you mean "vram"?)`},
 		"timing":      {"[[boards]]\ntiming = \"fast\"\n", `t.toml:2:10: boards[0].timing: unknown timing model "fast"`},
+		"placement":   {"[daemon]\nplacement = \"random\"\n", `t.toml:2:13: daemon.placement: unknown placement "random" (want spread or pack)`},
 		"vm pin":      {"[[boards]]\nname = \"a\"\n[[vm]]\nname = \"g\"\nboard = \"b\"\n", `t.toml:5:9: vm[0].board: no board "b" (have a)`},
 	} {
 		t.Run(name, func(t *testing.T) {

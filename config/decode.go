@@ -84,6 +84,7 @@ func (d *decoder) document(doc map[string]any) {
 			{"control_socket", setString(&c.Daemon.ControlSocket)},
 			{"max_vms", setInt(&c.Daemon.MaxVMs)},
 			{"log_level", setString(&c.Daemon.LogLevel)},
+			{"placement", setString(&c.Daemon.Placement)},
 		})},
 		{"partition", d.table("partition", []field{
 			{"vram_per_vm", setSize(&c.Partition.VRAMPerVM)},

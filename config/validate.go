@@ -141,7 +141,7 @@ func (c Config) validateBoard(v *validator) {
 	partsOK := v.intRange("board.mem_partitions", b.MemPartitions, 1, MaxMemPartitions)
 	v.intRange("board.channels", b.Channels, 1, MaxChannels)
 	if v.ok("board.timing") && !b.Timing.Valid() {
-		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none, fermi or fermi-xen)", b.Timing)
+		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none, fermi, fermi-xen or fermi-small)", b.Timing)
 	}
 	if b.Kind == BoardPCI {
 		if v.src.written("board.vram") {
@@ -196,6 +196,9 @@ func (c Config) validateDaemon(v *validator) {
 		v.errorf([]string{"daemon.control_socket", "daemon.socket"}, "control_socket and socket are the same path %q", d.Socket)
 	}
 	v.intRange("daemon.max_vms", d.MaxVMs, 1, MaxVMs)
+	if v.ok("daemon.placement") && d.Placement != "spread" && d.Placement != "pack" {
+		v.errorf([]string{"daemon.placement"}, "unknown placement %q (want spread or pack)", d.Placement)
+	}
 	if v.ok("daemon.log_level") && !d.LogLevel.Valid() {
 		v.errorf([]string{"daemon.log_level"}, "unknown log level %q (want debug, info, warn or error)", d.LogLevel)
 	}

@@ -60,6 +60,9 @@ const (
 type Options struct {
 	// Pin names the board a guest's configuration pins it to ("": any).
 	Pin func(aggregator.Guest) string
+	// Placement names the placement policy: PlaceSpread ("" too) or
+	// PlacePack.
+	Placement string
 	// FaultInjection lets the control API make a board fall off the bus
 	// (POST /v1/boards/NAME/fail): a test facility, off in production.
 	FaultInjection bool
@@ -101,6 +104,13 @@ func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch opts.Placement {
+	case "":
+		opts.Placement = PlaceSpread
+	case PlaceSpread, PlacePack:
+	default:
+		return nil, fmt.Errorf("host: unknown placement %q (have %v)", opts.Placement, Placements())
 	}
 	return &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)),
 		pending: map[uint32]aggregator.DomainSettings{}}, nil

@@ -275,3 +275,20 @@ func TestFaultInjectionOffByDefault(t *testing.T) {
 		t.Fatal("the board failed anyway")
 	}
 }
+
+func TestPlacementPack(t *testing.T) {
+	h := newTestHost(t, Options{Placement: PlacePack}, 2, 2)
+	want := []string{"fast", "fast", "slow"}
+	for i, w := range want {
+		b, _, d := attach(t, h, uint32(i+1), "p"+itoa(i))
+		if b == nil || b.Name != w {
+			t.Fatalf("VM %d on %v (%s), want %s", i, b, d.Reason, w)
+		}
+		if i == 0 && !strings.Contains(d.Reason, "placement pack") {
+			t.Errorf("reason %q does not name the policy", d.Reason)
+		}
+	}
+	if _, err := New(aggregator.NewRegistry(), h.boards, Options{Placement: "random"}); err == nil {
+		t.Error("an unknown placement was accepted")
+	}
+}

@@ -11,7 +11,20 @@ import (
 	"github.com/gpuvm/gpuvm/aggregator"
 )
 
-// Placement chooses a board for each VM that connects, in order:
+// Placement policies (Options.Placement).
+const (
+	// PlaceSpread is the default, described below: load first.
+	PlaceSpread = "spread"
+	// PlacePack fills boards in configuration order (first fit): it keeps
+	// later boards empty — for VMs that need a board to themselves, or to
+	// power them down — at the price of the load spread gives.
+	PlacePack = "pack"
+)
+
+// Placements lists the placement policies.
+func Placements() []string { return []string{PlaceSpread, PlacePack} }
+
+// Placement (PlaceSpread) chooses a board for each VM that connects, in order:
 //
 //  1. fit: the board is active (not cordoned) and has a free slot (every
 //     board's slots are the same size, so a vGPU that fits one slot fits
@@ -97,14 +110,18 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 		h.record(d)
 		return nil, d
 	}
+	pack := h.opts.Placement == PlacePack
 	slices.SortStableFunc(fit, func(x, y int) int {
+		if pack {
+			return cmp.Compare(x, y)
+		}
 		cx, cy := d.Candidates[x], d.Candidates[y]
 		return cmp.Or(cmp.Compare(loadBucket(cx.Load), loadBucket(cy.Load)), cmp.Compare(cx.Queued, cy.Queued),
 			cmp.Compare(cx.Weight, cy.Weight), cmp.Compare(x, y))
 	})
 	best := d.Candidates[fit[0]]
 	d.Board = best.Board
-	d.Reason = h.explain(best, fit, d.Candidates, pin)
+	d.Reason = h.explain(best, fit, d.Candidates, pin, pack)
 	h.record(d)
 	return h.boards[fit[0]], d
 }
@@ -138,7 +155,7 @@ func (h *Host) candidate(b *Board, state State, load float64) Candidate {
 }
 
 // explain says why best won.
-func (h *Host) explain(best Candidate, fit []int, all []Candidate, pin string) string {
+func (h *Host) explain(best Candidate, fit []int, all []Candidate, pin string, pack bool) string {
 	fig := func(c Candidate) string {
 		return fmt.Sprintf("%s (load %.0f%%, %d queued, weight %d, %d free)", c.Board, 100*c.Load, c.Queued, c.Weight, c.Free)
 	}
@@ -147,6 +164,9 @@ func (h *Host) explain(best Candidate, fit []int, all []Candidate, pin string) s
 	}
 	if len(fit) == 1 {
 		return "the only board that fits: " + fig(best)
+	}
+	if pack {
+		return fmt.Sprintf("the first of %d that fit (placement pack): %s", len(fit), fig(best))
 	}
 	var others []string
 	for _, i := range fit[1:] {

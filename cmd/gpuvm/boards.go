@@ -76,6 +76,6 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 		closers = closers[:len(closers)-1] // the host closes it, after its aggregator
 		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
 	}
-	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"),
+	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: cfg.Daemon.Placement,
 		Pin: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Board }})
 }

@@ -101,7 +101,28 @@ func TimingFermiXen() Timing {
 	return t
 }
 
-// TimingByName returns the named profile: "none", "fermi" or "fermi-xen".
+// TimingFermiSmall is a smaller board of the same GF100 family, for hosts
+// with boards of different speeds: the Quadro 4000 (256 CUDA cores at a
+// 0.95 GHz shader clock, 2 GiB GDDR5 on a 256-bit bus at 2.8 Gbps; NVIDIA's
+// Quadro 4000 data sheet) in the same PCIe 2.0 x16 slot.
+//
+//   - ComputeOpsPerSec 486e9: 256 cores × 0.95 GHz × 2 (FMA) ≈ 486 Gflop/s
+//     single-precision peak, 0.49 of the Quadro 6000's.
+//   - VRAMBytesPerSec 89.6e9: 256 bit × 2.8 Gbps, 0.62 of the Quadro 6000's.
+//   - MMIO, DMA and launch costs as TimingFermi: the same bus and driver path.
+func TimingFermiSmall() Timing {
+	t := TimingFermi()
+	t.Name = "fermi-small"
+	t.ComputeOpsPerSec = 486e9
+	t.VRAMBytesPerSec = 89.6e9
+	return t
+}
+
+// TimingNames lists the profiles TimingByName knows.
+func TimingNames() []string { return []string{"none", "fermi", "fermi-xen", "fermi-small"} }
+
+// TimingByName returns the named profile: "none", "fermi", "fermi-xen" or
+// "fermi-small".
 func TimingByName(name string) (Timing, error) {
 	switch name {
 	case "none", "":
@@ -110,8 +131,10 @@ func TimingByName(name string) (Timing, error) {
 		return TimingFermi(), nil
 	case "fermi-xen":
 		return TimingFermiXen(), nil
+	case "fermi-small":
+		return TimingFermiSmall(), nil
 	}
-	return Timing{}, fmt.Errorf("sim: unknown timing profile %q (want none, fermi or fermi-xen)", name)
+	return Timing{}, fmt.Errorf("sim: unknown timing profile %q (want none, fermi, fermi-xen or fermi-small)", name)
 }
 
 // isNone reports whether the profile adds no delay at all.
