@@ -70,3 +70,7 @@ func (r *Registry) Len() int {
 // it accepts; a host of several boards calls it on the board it placed the
 // VM on (package host).
 func (a *Aggregator) ServeConn(ctx context.Context, p *ipc.Pending) { a.serveVM(ctx, p) }
+
+// Board names the board v is on: its index among the daemon's boards and
+// its configured name ("": none given).
+func (v *VGPU) Board() (int, string) { return v.agg.opts.Board, v.agg.opts.BoardName }

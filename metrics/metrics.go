@@ -60,8 +60,9 @@ type Collector struct {
 	vram     *prometheus.Desc
 	vramUsed *prometheus.Desc
 	channels *prometheus.Desc
-	slots    *prometheus.Desc
+	slots    *prometheus.Desc // every board's together
 	slo      sloDescs
+	boards   boardDescs
 }
 
 // New returns a collector over src.
@@ -71,7 +72,7 @@ func New(src Source) *Collector {
 	}
 	c := &Collector{src: src,
 		traps:    d("vgpu_traps_total", "Guest accesses trapped to the aggregator, by BAR and direction.", "bar", "access"),
-		info:     d("vgpu_info", "An attached vGPU (always 1), with its Xen domain id, mode and profile.", "domid", "mode", "profile"),
+		info:     d("vgpu_info", "An attached vGPU (always 1), with its Xen domain id, mode, profile and board.", "domid", "mode", "profile", "board"),
 		gpuTime:  d("vgpu_gpu_seconds_total", "GPU time of the vGPU's completed submissions, as the scheduler charged it."),
 		subs:     d("vgpu_submissions_total", "Submissions (doorbells) of the vGPU that completed."),
 		share:    d("vgpu_gpu_share_ratio", "The vGPU's part of all vGPUs' GPU time over the last second (0 when the GPU was idle)."),
@@ -84,6 +85,7 @@ func New(src Source) *Collector {
 		channels: d("vgpu_channels", "Channels (GPU command queues) the vGPU may use."),
 		slots:    prometheus.NewDesc("gpuvm_slots", "vGPU slots of the board, by state.", []string{"state"}, nil),
 		slo:      newSLODescs(d),
+		boards:   newBoardDescs(),
 	}
 	ctr := func(name, help string, f func(aggregator.Counters) uint64) {
 		c.counters = append(c.counters, counter{d(name, help), func(x aggregator.Counters) float64 { return float64(f(x)) }, prometheus.CounterValue})
@@ -122,6 +124,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	c.slo.describe(ch)
+	c.boards.describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -136,7 +139,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		total := func(d *prometheus.Desc, val float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, val, append(append([]string(nil), lv...), extra...)...)
 		}
-		gauge(c.info, 1, strconv.FormatUint(uint64(v.Guest.DomID), 10), v.Guest.Mode, v.Profile())
+		bi, bname := v.Board()
+		if bname == "" {
+			bname = strconv.Itoa(bi)
+		}
+		gauge(c.info, 1, strconv.FormatUint(uint64(v.Guest.DomID), 10), v.Guest.Mode, v.Profile(), bname)
 		x := v.Counters()
 		for _, t := range []struct {
 			bar         string
@@ -177,6 +184,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(len(vgpus)), "used")
 	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(len(broken)), "out_of_service")
 	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(max(slots-len(vgpus)-len(broken), 0)), "free")
+	c.boards.collect(ch, c.src)
 }
 
 // Handler serves the metrics of Registry(src) in the Prometheus
