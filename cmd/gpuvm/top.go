@@ -1,10 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,9 +26,10 @@ func topCommand() *cli.Command {
 		Usage: "a live view of the vGPUs: share against weight, GPU time, queue wait, trap rate, state",
 		Description: "Polls the aggregator's control API every --interval and shows one line per vGPU,\n" +
 			"like xentop or nvidia-smi:\n" +
-			"  SHARE     its part of all VMs' GPU time over the last second\n" +
-			"  ENTITLED  its weight's part of the attached VMs' weights (what a fair scheduler gives\n" +
-			"            it when every VM computes)\n" +
+			"  SHARE     its part of all VMs' GPU time over the last second (on its board)\n" +
+			"  ENTITLED  its weight's part of the weights of the VMs on its board (what a fair\n" +
+			"            scheduler gives it when every VM computes)\n" +
+			"  BOARD     on a host of several boards, the board it is on\n" +
 			"  GPU       its GPU time over the interval, as a fraction of the interval\n" +
 			"  GPU-TIME  its total GPU time;  QWAIT  mean doorbell-to-release wait over the interval\n" +
 			"  TRAPS/s   trapped BAR accesses per second;  VRAM  what its slot holds / its size\n" +
@@ -115,20 +120,46 @@ func renderTop(w io.Writer, prev, cur topSample) error {
 	for _, v := range prev.vgpus {
 		before[v.ID] = v
 	}
-	var weights int
+	// Each board has its own scheduler: entitlement and busy time are per
+	// board.
+	weights, busy := map[int]int{}, map[int]float64{}
+	boardName := map[int]string{}
 	for _, v := range cur.vgpus {
-		weights += max(v.Sched.Weight, 1)
+		weights[v.Board] += max(v.Sched.Weight, 1)
+		busy[v.Board] += v.Sched.Busy
+		boardName[v.Board] = cmp.Or(v.BoardName, strconv.Itoa(v.Board))
 	}
 	vgpus := append([]aggregator.VGPUInfo(nil), cur.vgpus...)
 	sort.Slice(vgpus, func(i, j int) bool { return vgpus[i].ID < vgpus[j].ID })
-	var busy float64
-	for _, v := range vgpus {
-		busy += v.Sched.Busy
+	several := len(boardName) > 1
+	if several {
+		var parts []string
+		for _, b := range slices.Sorted(maps.Keys(boardName)) {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", boardName[b], 100*min(busy[b], 1)))
+		}
+		fmt.Fprintf(w, "gpuvm top - %s  vGPUs %d/%d  GPU busy %s (last second)  interval %.1fs\n\n",
+			cur.at.Format("15:04:05"), len(vgpus), cur.slots, strings.Join(parts, ", "), dt.Seconds())
+	} else {
+		var all float64
+		for _, b := range busy {
+			all += b
+		}
+		fmt.Fprintf(w, "gpuvm top - %s  vGPUs %d/%d  GPU busy %.0f%% (last second)  interval %.1fs\n\n",
+			cur.at.Format("15:04:05"), len(vgpus), cur.slots, 100*min(all, 1), dt.Seconds())
 	}
-	fmt.Fprintf(w, "gpuvm top - %s  vGPUs %d/%d  GPU busy %.0f%% (last second)  interval %.1fs\n\n",
-		cur.at.Format("15:04:05"), len(vgpus), cur.slots, 100*min(busy, 1), dt.Seconds())
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "VGPU\tDOMAIN\tDOMID\tMODE\tPROFILE\tWEIGHT\tSHARE\tENTITLED\tGPU\tGPU-TIME\tQWAIT\tQUEUED\tTRAPS/s\tVRAM\tSTATE\t")
+	boardCol := func(v aggregator.VGPUInfo) string {
+		if !several {
+			return ""
+		}
+		return boardName[v.Board] + "\t"
+	}
+	if several {
+		fmt.Fprint(tw, "VGPU\tBOARD\t")
+	} else {
+		fmt.Fprint(tw, "VGPU\t")
+	}
+	fmt.Fprintln(tw, "DOMAIN\tDOMID\tMODE\tPROFILE\tWEIGHT\tSHARE\tENTITLED\tGPU\tGPU-TIME\tQWAIT\tQUEUED\tTRAPS/s\tVRAM\tSTATE\t")
 	for _, v := range vgpus {
 		p, seen := before[v.ID]
 		if seen && (p.DomID != v.DomID || p.Name != v.Name || p.PID != v.PID ||
@@ -158,9 +189,9 @@ func renderTop(w io.Writer, prev, cur topSample) error {
 		if v.VRAMInUse >= 0 {
 			vram = config.Size(v.VRAMInUse&^0x3FF).String() + "/" + config.Size(v.VRAMBytes).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%.1f%%\t%.1f%%\t%.1f%%\t%s\t%s\t%d\t%.0f\t%s\t%s\t\n",
-			v.ID, v.Name, v.DomID, v.Mode, profile, v.Sched.Weight, 100*v.Sched.Share,
-			100*float64(max(v.Sched.Weight, 1))/float64(weights), 100*gpu,
+		fmt.Fprintf(tw, "%d\t%s%s\t%d\t%s\t%s\t%d\t%.1f%%\t%.1f%%\t%.1f%%\t%s\t%s\t%d\t%.0f\t%s\t%s\t\n",
+			v.ID, boardCol(v), v.Name, v.DomID, v.Mode, profile, v.Sched.Weight, 100*v.Sched.Share,
+			100*float64(max(v.Sched.Weight, 1))/float64(weights[v.Board]), 100*gpu,
 			v.Sched.GPUTime.Round(time.Millisecond), time.Duration(qwait).Round(time.Microsecond),
 			v.Sched.Queued, traps, vram, state)
 	}

@@ -74,3 +74,34 @@ func TestTopAgainstDaemon(t *testing.T) {
 		t.Error("the computing VM is not shown computing")
 	}
 }
+
+// TestRenderTopSeveralBoards: with vGPUs on two boards, each row names its
+// board, entitlement is against the weights of its own board (each has its
+// own scheduler), and the header gives each board's busy time.
+func TestRenderTopSeveralBoards(t *testing.T) {
+	t0 := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	vm := func(id, board int, name string, weight int, busy float64) aggregator.VGPUInfo {
+		return aggregator.VGPUInfo{ID: id, Board: board, BoardName: []string{"fast", "slow"}[board], DomID: uint32(10 + id), Name: name,
+			Mode: "fv-optimized", VRAMInUse: -1, Counters: map[string]any{}, Sched: aggregator.SchedStats{Weight: weight, Busy: busy}}
+	}
+	s := topSample{at: t0, slots: 4, vgpus: []aggregator.VGPUInfo{vm(0, 0, "a", 3, 0.5), vm(1, 0, "b", 1, 0.25), vm(2, 1, "c", 1, 0.1)}}
+	var out bytes.Buffer
+	if err := renderTop(&out, s, s); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	lines := strings.Split(out.String(), "\n")
+	if !strings.Contains(lines[0], "GPU busy fast 75%, slow 10%") {
+		t.Errorf("header %q", lines[0])
+	}
+	if h := strings.Fields(lines[2]); h[1] != "BOARD" {
+		t.Errorf("columns %q", h)
+	}
+	// VGPU BOARD DOMAIN DOMID MODE PROFILE WEIGHT SHARE ENTITLED ...
+	for i, want := range []struct{ board, entitled string }{{"fast", "75.0%"}, {"fast", "25.0%"}, {"slow", "100.0%"}} {
+		row := strings.Fields(lines[3+i])
+		if row[1] != want.board || row[8] != want.entitled {
+			t.Errorf("row %d %q: want board %s entitled %s", i, row, want.board, want.entitled)
+		}
+	}
+}
