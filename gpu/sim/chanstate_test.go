@@ -1,0 +1,121 @@
+package sim
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
+
+// A channel disabled and enabled again is a fresh one; with its state image
+// restored it continues its ring at GP_GET with its method state, as a
+// channel whose RAMFC and context were copied does.
+func TestChannelStateSaveRestore(t *testing.T) {
+	for _, restore := range []bool{false, true} {
+		r := newRig(t)
+		c := r.newChan(3, nil)
+		pa := c.semPage()
+		c.push(semRelease(chanDataVA, 5)...) // binds the semaphore address and payload
+		c.mustFinish()
+		r.w32(pa, 0)
+		if _, err := r.b.SaveChannelState(c.id); err != nil {
+			t.Fatalf("save of an enabled idle channel: %v", err)
+		}
+		r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id)), 0)
+		img, err := r.b.SaveChannelState(c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id)), nvc0.ChanCtlDefault)
+		if restore {
+			if err := r.b.RestoreChannelState(c.id, img); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.b.RestoreChannelState(c.id, img); !errors.Is(err, ErrChannelBusy) {
+				t.Fatalf("second restore: %v, want ErrChannelBusy", err)
+			}
+		}
+		if got := c.gpGet(); restore && got != 1 || !restore && got != 0 {
+			t.Fatalf("restore %v: GP_GET %d after enable", restore, got)
+		}
+		// A release with the bound address and payload only: the trigger.
+		c.push(nvc0.Incr(0, nvc0.MthdSemaphoreTrigger, 1), nvc0.SemaphoreRelease|nvc0.SemaphoreRelease4Byte)
+		c.mustFinish()
+		// Without the image the ring ran from entry 0 again (the first
+		// release, 5, then the trigger with the same state); with it only
+		// the trigger ran, from the restored state.
+		if got := r.r32(pa); got != 5 {
+			t.Fatalf("restore %v: semaphore %d, want 5", restore, got)
+		}
+		want := uint64(2)
+		if restore {
+			want = 1
+		}
+		if got := r.b.Stats().GPFIFOEntries - 1; got != want {
+			t.Fatalf("restore %v: %d entries ran after enable, want %d", restore, got, want)
+		}
+	}
+}
+
+func TestChannelStateRefusesBusyChannels(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(1, nil)
+	img, err := r.b.SaveChannelState(c.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Enabled with work given: a doorbell came first.
+	r.list = nil
+	r.submitPlaylist()
+	c.push(semRelease(chanDataVA, 1)...)
+	if _, err := r.b.SaveChannelState(c.id); !errors.Is(err, ErrChannelBusy) {
+		t.Fatalf("save with work pending: %v", err)
+	}
+	if err := r.b.RestoreChannelState(c.id, img); !errors.Is(err, ErrChannelBusy) {
+		t.Fatalf("restore into a channel with work: %v", err)
+	}
+	if err := r.b.RestoreChannelState(c.id, img[:3]); err == nil {
+		t.Fatal("a short image was taken")
+	}
+}
+
+func TestVRAMResidentRanges(t *testing.T) {
+	const seg = 4 << 20
+	r := newRigConfig(t, Config{VRAMSize: 3 * seg, VRAMSegments: []uint64{seg, seg, seg}, Channels: 8, MemPartitions: 4})
+	base := uint64(seg)
+	got, err := r.b.VRAMResidentRanges(base, seg)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("fresh segment: %v %v", got, err)
+	}
+	r.hostWrite(base+0x3000, []byte{1})
+	r.hostWrite(base+0x200000, make([]byte, 0x2000))
+	r.hostWrite(base+0x200000, []byte{2})
+	got, err = r.b.VRAMResidentRanges(base, seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, g := range got {
+		if g.Base < base || g.Base+g.Size > base+seg {
+			t.Fatalf("range %#x+%#x outside the segment", g.Base, g.Size)
+		}
+		total += g.Size
+	}
+	covers := func(a uint64) bool {
+		for _, g := range got {
+			if a >= g.Base && a < g.Base+g.Size {
+				return true
+			}
+		}
+		return false
+	}
+	if !covers(base+0x3000) || !covers(base+0x201000) || total > 1<<20 {
+		t.Fatalf("ranges %v (total %#x)", got, total)
+	}
+	if err := r.b.ScrubVRAM(base, seg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ = r.b.VRAMResidentRanges(base, seg); len(got) != 0 {
+		t.Fatalf("after scrub: %v", got)
+	}
+}
