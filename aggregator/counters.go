@@ -114,7 +114,7 @@ type counters struct {
 	pvdrmShares     atomic.Uint64
 	pvdrmPoolHits   atomic.Uint64
 	resets          atomic.Uint64
-	// carried is what the shadows that resets dropped had counted (under
+	// carried is what the BAR spaces that resets dropped had counted (under
 	// VGPU.mu), so that the scan counters stay monotonic.
 	carried shadowCarry
 }

@@ -114,8 +114,8 @@ func (v *VGPU) reset() (failed string, err error) {
 		}
 	}
 	// The shadows go (channel spaces, PV tables and handles, BAR spaces),
-	// freed after the TLB flushes that make that safe (reclaim).
-	v.ctr.carried.add(v.shadows.Counters())
+	// freed after the TLB flushes that make that safe (reclaim). The
+	// manager stays (VGPUs and the counters read it); it starts afresh.
 	for _, b := range v.bars {
 		v.ctr.carried.add(b.sp.Totals())
 	}
@@ -125,7 +125,7 @@ func (v *VGPU) reset() (failed string, err error) {
 			c.sh = nil
 		}
 	}
-	errs = append(errs, v.shadows.Close())
+	errs = append(errs, v.shadows.Reset())
 	v.reclaim()
 	if err := errors.Join(errs...); err != nil {
 		return "stopping the vGPU's use of the board", err
@@ -133,29 +133,17 @@ func (v *VGPU) reset() (failed string, err error) {
 	if err := a.gpu.ScrubVRAM(full.VRAM.Base, full.VRAM.Size); err != nil {
 		return "scrubbing the slot's VRAM", err
 	}
-	if err := v.powerOn(); err != nil {
-		return "building its power-on state", err
-	}
+	v.powerOn()
 	return "", nil
 }
 
-// powerOn gives v the state of a freshly attached vGPU: new (empty)
-// shadows and BAR spaces, the PV hypercall registers unregistered, every
-// emulated register and guest channel at its power-on value, no error
-// report. Called with v.mu held, after the old shadows were closed.
-func (v *VGPU) powerOn() error {
+// powerOn gives v the state of a freshly attached vGPU: new BAR spaces in
+// the emptied shadow manager, the PV hypercall registers unregistered,
+// every emulated register and guest channel at its power-on value, no
+// error report. Called with v.mu held, after the shadows were reset.
+func (v *VGPU) powerOn() {
 	a := v.agg
 	// As attach builds them (vgpu.go).
-	m, err := shadow.NewManager(shadow.Config{
-		Memory: a.gpu, Allocator: reserveAllocator{a.phys}, Translator: v.tr,
-		MaxShadowBytes: a.shadowBudget,
-		TrapUserAreas:  !v.feat.PollDoorbells,
-		UserAreaWrite:  v.userAreaWritten,
-	})
-	if err != nil {
-		return err
-	}
-	v.shadows = m
 	v.bars[0] = newBARShadow(v, nvc0.BAR1, &a.phys.bar1, v.Slot.BAR1)
 	v.bars[1] = newBARShadow(v, nvc0.BAR3, &a.phys.bar3, v.Slot.BAR3)
 	v.hc, v.hcOps = nil, nil
@@ -170,10 +158,9 @@ func (v *VGPU) powerOn() error {
 	v.pollBase, v.pollOn = 0, false
 	v.chans = make([]vchan, len(v.chans))
 	v.verr.Clear()
-	return nil
 }
 
-// add accumulates a retired shadow manager's or BAR space's counters.
+// add accumulates a dropped BAR space's counters.
 func (c *shadowCarry) add(s shadow.Counters) {
 	c.FullScans += s.FullScans
 	c.IncrementalScans += s.IncrementalScans
@@ -181,8 +168,9 @@ func (c *shadowCarry) add(s shadow.Counters) {
 	c.ShadowTime += s.ShadowTime
 }
 
-// shadowCarry is what the shadows a reset dropped had counted, so the
-// vGPU's counters stay monotonic across resets.
+// shadowCarry is what the BAR spaces resets dropped had counted, so the
+// vGPU's counters stay monotonic across resets (the shadow manager keeps
+// its own).
 type shadowCarry shadow.Counters
 
 // Resets returns how many times v was reset.

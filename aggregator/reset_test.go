@@ -249,7 +249,7 @@ func TestResetPVDRMRefused(t *testing.T) {
 
 // TestResetRacesGuestAccesses: while the guest floods doorbells, writes
 // its page directory through PRAMIN, reads its apertures and asks for
-// resets of its own, the operator resets the vGPU over and over (run it
+// resets of its own, and the control API lists the vGPUs, the operator resets the vGPU over and over (run it
 // with -race). Afterwards one more reset leaves the slot quiet and zero,
 // and the re-initialised guest verifies its work.
 func TestResetRacesGuestAccesses(t *testing.T) {
@@ -282,6 +282,9 @@ func TestResetRacesGuestAccesses(t *testing.T) {
 	race(func(i int) { // aperture reads
 		_ = port.Read32(nvc0.BAR3, uint64(i%256)*4)
 		_ = port.Read32(nvc0.BAR1, uint64(i%256)*4)
+	})
+	race(func(int) { // the control API's and the metrics' view of the vGPUs
+		_ = agg.Infos()
 	})
 	race(func(int) { // the guest's own resets
 		if _, err := g.v.Call(2, nil); err != nil {
