@@ -167,7 +167,7 @@ func TestResetWhileChannelsRun(t *testing.T) {
 	if got := a.dev.Read32(nvc0.BAR1, bar1); got != le32(secret) {
 		t.Fatalf("BAR1 reads %#x of the secret page, want %#x: the checks below would prove nothing", got, le32(secret))
 	}
-	const bar3 = 0 // the BAR3 aperture's first page: the driver's own kernel objects
+	const bar3 = 0                                              // the BAR3 aperture's first page: the driver's own kernel objects
 	works := []stuckWork{stick(t, a, true), stick(t, a, false)} // one runs, one waits for the GPU
 	v := e.vgpu("resetme")
 	srv := httptest.NewServer(e.agg.ControlHandler())
