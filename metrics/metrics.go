@@ -103,6 +103,7 @@ func New(src Source) *Collector {
 	ctr("vgpu_pvdrm_requests_total", "pvdrm requests the back end took off the ring.", func(x aggregator.Counters) uint64 { return x.PVDRMRequests })
 	ctr("vgpu_pvdrm_rejected_total", "pvdrm requests answered with an error.", func(x aggregator.Counters) uint64 { return x.PVDRMRejected })
 	ctr("vgpu_error_reports_total", "MMU faults and channel errors delivered to the guest.", func(x aggregator.Counters) uint64 { return x.ErrorReports })
+	ctr("vgpu_resets_total", "Resets of the vGPU in place (the guest's function-level reset, gpuvm vgpu reset).", func(x aggregator.Counters) uint64 { return x.Resets })
 	ctr("vgpu_log_lines_suppressed_total", "Guest-caused log lines held back by the rate limit.", func(x aggregator.Counters) uint64 { return x.LogSuppressed })
 	c.counters = append(c.counters,
 		counter{d("vgpu_shadow_seconds_total", "Time spent building shadow page tables."),
