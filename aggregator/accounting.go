@@ -151,7 +151,8 @@ func (d *dispatcher) schedStats() map[*VGPU]SchedStats {
 // SchedStats returns v's account with the scheduler (zero once v has left
 // the dispatcher).
 func (v *VGPU) SchedStats() SchedStats {
-	return v.agg.disp.schedStats()[v]
+	a, _ := v.where()
+	return a.disp.schedStats()[v]
 }
 
 // SchedStats returns every attached vGPU's account with the scheduler,

@@ -261,6 +261,11 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 // The slot stays held until the teardown is over. Detach is idempotent.
 func (a *Aggregator) Detach(v *VGPU) error {
 	clean, err := v.teardown()
+	// A vGPU torn down moves no more: it is on the board it was torn down
+	// on, which is a's unless it moved (move.go).
+	if cur, _ := v.where(); cur != nil && cur != a {
+		a = cur
+	}
 	a.mu.Lock()
 	if slot := v.Slot.Index; a.vgpus[slot] == v {
 		a.vgpus[slot] = nil

@@ -38,9 +38,10 @@ func (v *VGPU) Info() VGPUInfo {
 }
 
 func (v *VGPU) info(s SchedStats) VGPUInfo {
-	return VGPUInfo{ID: v.ID, Board: v.agg.opts.Board, BoardName: v.agg.opts.BoardName, Slot: v.Slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
-		VRAMBase: v.Slot.VRAM.Base, VRAMBytes: v.Slot.VRAM.Size, ChanBase: v.Slot.ChanBase, Channels: v.Slot.Chans,
-		BAR1Bytes: v.Slot.BAR1.Size, BAR3Bytes: v.Slot.BAR3.Size, Profile: v.profile,
+	a, slot := v.where()
+	return VGPUInfo{ID: v.ID, Board: a.opts.Board, BoardName: a.opts.BoardName, Slot: slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
+		VRAMBase: slot.VRAM.Base, VRAMBytes: slot.VRAM.Size, ChanBase: slot.ChanBase, Channels: slot.Chans,
+		BAR1Bytes: slot.BAR1.Size, BAR3Bytes: slot.BAR3.Size, Profile: v.profile,
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
 }
 
@@ -58,11 +59,12 @@ type VRAMResidenter interface {
 // virtualized guest's allocator is its own business: what it touched is
 // what the host can know.
 func (v *VGPU) VRAMInUse() int64 {
-	r, ok := v.agg.gpu.(VRAMResidenter)
+	a, slot := v.where()
+	r, ok := a.gpu.(VRAMResidenter)
 	if !ok {
 		return -1
 	}
-	full := v.agg.layout.Slots[v.Slot.Index].VRAM
+	full := a.layout.Slots[slot.Index].VRAM
 	n, err := r.VRAMResident(full.Base, full.Size)
 	if err != nil {
 		return -1

@@ -39,6 +39,7 @@ type Counters struct {
 	PVDRMShares           uint64 // pvdrm: buffers whose pages were shared with the guest (GEM_MMAP)
 	PVDRMPoolHits         uint64 // pvdrm: GEM_NEW answered from the pool (no new share)
 	Resets                uint64 // resets of the vGPU (function-level reset, control API): reset.go
+	Moves                 uint64 // moves of the vGPU to another slot or board: move.go
 }
 
 // Map returns the counters under their report names.
@@ -56,7 +57,7 @@ func (c Counters) Map() map[string]uint64 {
 		"hypercalls": c.Hypercalls, "hypercall_ops": c.HypercallOps, "ptes_mapped": c.PTEsMapped,
 		"pv_rejected": c.PVRejected, "pvdrm_requests": c.PVDRMRequests, "pvdrm_notifications": c.PVDRMNotifications,
 		"pvdrm_rejected": c.PVDRMRejected, "pvdrm_shares": c.PVDRMShares, "pvdrm_pool_hits": c.PVDRMPoolHits,
-		"resets": c.Resets,
+		"resets": c.Resets, "moves": c.Moves,
 	}
 }
 
@@ -114,6 +115,7 @@ type counters struct {
 	pvdrmShares     atomic.Uint64
 	pvdrmPoolHits   atomic.Uint64
 	resets          atomic.Uint64
+	moves           atomic.Uint64
 	// carried is what the BAR spaces that resets dropped had counted (under
 	// VGPU.mu), so that the scan counters stay monotonic.
 	carried shadowCarry
@@ -161,5 +163,6 @@ func (v *VGPU) snapshot() Counters {
 		PVDRMShares:        c.pvdrmShares.Load(),
 		PVDRMPoolHits:      c.pvdrmPoolHits.Load(),
 		Resets:             c.resets.Load(),
+		Moves:              c.moves.Load(),
 	}
 }

@@ -109,6 +109,9 @@ type dispatcher struct {
 
 	stops sync.WaitGroup // watchdog stops in progress
 
+	// held is a VM being moved: none of its work is released (move.go).
+	held *VGPU
+
 	slaf slaf // SLA feedback (slo.go)
 }
 
@@ -396,8 +399,8 @@ func (d *dispatcher) sinceRelease() time.Duration {
 // release gives the GPU to the oldest queued submission of vGPU id.
 func (d *dispatcher) release(id int, now time.Duration) {
 	q := d.queues[id]
-	if len(q) == 0 {
-		return
+	if len(q) == 0 || d.held != nil && d.held.ID == id {
+		return // nothing queued, or the VM is being moved (move.go)
 	}
 	s := q[0]
 	q[0] = nil
@@ -472,10 +475,10 @@ func (d *dispatcher) reap() {
 				d.kills[s.v.ID]++
 				d.log.Warn("watchdog: stopping channel", "vgpu", s.v.ID, "name", s.v.Guest.Name, "channel", s.ch, "charged", s.charged)
 				d.stops.Add(1)
-				go func(v *VGPU, ch int) {
+				go func(v *VGPU, ch, p int) {
 					defer d.stops.Done()
-					v.watchdogStop(ch)
-				}(s.v, s.ch)
+					v.watchdogStop(d.a, ch, p)
+				}(s.v, s.ch, s.phys)
 			}
 		}
 		if !done {
@@ -568,10 +571,11 @@ func (d *dispatcher) gpGet(s *submission) (uint32, error) {
 // watchdogStop stops guest channel ch for running past the watchdog limit
 // (in its own goroutine: the stop waits for the GPU). The guest sees its
 // channel faulted with FaultReasonKilled.
-func (v *VGPU) watchdogStop(ch int) {
+func (v *VGPU) watchdogStop(a *Aggregator, ch, p int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.dead || !v.chans[ch].running {
+	if v.dead || !v.chans[ch].running || v.agg != a || v.phys(ch) != p {
+		// Stopped already, or moved since (move.go): not the run it judged.
 		return
 	}
 	_ = v.stopChannel(ch)

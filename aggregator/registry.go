@@ -73,4 +73,7 @@ func (a *Aggregator) ServeConn(ctx context.Context, p *ipc.Pending) { a.serveVM(
 
 // Board names the board v is on: its index among the daemon's boards and
 // its configured name ("": none given).
-func (v *VGPU) Board() (int, string) { return v.agg.opts.Board, v.agg.opts.BoardName }
+func (v *VGPU) Board() (int, string) {
+	a, _ := v.where()
+	return a.opts.Board, a.opts.BoardName
+}

@@ -92,7 +92,7 @@ func (v *VGPU) RemapFile() *os.File {
 // tracker tells its watchers so.
 func (v *VGPU) updateRemap() {
 	r := v.remap
-	if r == nil {
+	if r == nil || v.remapOff {
 		return
 	}
 	tr := v.shadows.Tracker()

@@ -170,7 +170,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 	default:
 		log.Warn("connection closed", "reason", err)
 	}
-	if derr := a.Detach(v); derr != nil {
+	if derr := a.Detach(v); derr != nil { // on the board it is on now, if it moved
 		log.Error("teardown", "err", derr)
 	}
 	_ = conn.Close()

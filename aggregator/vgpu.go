@@ -49,12 +49,16 @@ type vchan struct {
 
 // VGPU is one VM's virtual GPU control block.
 type VGPU struct {
-	// Identity and placement: fixed at attach.
-	agg   *Aggregator
-	ID    int
-	Slot  Slot
-	Guest Guest
-	feat  Features
+	// Identity and placement: the id is fixed at attach; agg and Slot
+	// change only when the vGPU moves (move.go), under mu and placeMu —
+	// read them under either (where, without mu).
+	agg  *Aggregator
+	ID   int
+	Slot Slot
+	// placeMu guards agg and Slot for readers that do not hold mu.
+	placeMu sync.RWMutex
+	Guest   Guest
+	feat    Features
 	// profile names the vGPU profile that sized it ("": none).
 	profile string
 	log     *slog.Logger
@@ -99,6 +103,9 @@ type VGPU struct {
 	remapAt uint64 // tracker generation (+1) the remap table was computed at (0: never)
 	// remapStale: a BAR mapping or the poll area changed since.
 	remapStale bool
+	// remapOff: the vGPU moved, and its device model maps the old slot's
+	// memory: every aperture access traps from then on (move.go).
+	remapOff bool
 
 	// Guest-visible register state.
 	emu      map[uint32]uint32 // plain per-VM register storage
@@ -383,3 +390,19 @@ func (r reserveAllocator) Alloc(size, align uint64) (uint64, error) {
 	return r.p.reserve.Alloc(size, align)
 }
 func (r reserveAllocator) Free(addr uint64) error { return r.p.free(addr) }
+
+// where returns the aggregator v lives on and its slot, for callers that do
+// not hold v.mu (a move changes them).
+func (v *VGPU) where() (*Aggregator, Slot) {
+	v.placeMu.RLock()
+	defer v.placeMu.RUnlock()
+	return v.agg, v.Slot
+}
+
+// setPlace moves v to slot of a. Called with v.mu held.
+func (v *VGPU) setPlace(a *Aggregator, slot Slot) {
+	v.placeMu.Lock()
+	v.agg, v.Slot = a, slot
+	v.log = a.log.With("vgpu", v.ID, "board", a.opts.Board, "slot", slot.Index, "domid", v.Guest.DomID, "name", v.Guest.Name)
+	v.placeMu.Unlock()
+}

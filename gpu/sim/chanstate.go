@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
@@ -149,38 +150,44 @@ func (b *Board) RestoreChannelState(ch int, img []uint32) error {
 	return nil
 }
 
-// VRAMRange is a byte range of VRAM.
-type VRAMRange struct{ Base, Size uint64 }
-
-// VRAMResidentRanges lists the ranges of the VRAM segment that is exactly
-// [base, base+size) that hold pages (SEEK_DATA/SEEK_HOLE on its memfd):
-// what its tenant wrote since the segment was last scrubbed or renewed.
-// Everything outside them reads zeros. Addresses are the board's.
-func (b *Board) VRAMResidentRanges(base, size uint64) ([]VRAMRange, error) {
+// VRAMResidentRanges lists the ranges of VRAM [base, base+size) that hold
+// pages (SEEK_DATA/SEEK_HOLE on the memfds behind it): what was written
+// there since it was last scrubbed or renewed. Everything outside them
+// reads zeros. Addresses are the board's; ranges are page-granular.
+func (b *Board) VRAMResidentRanges(base, size uint64) ([]gpu.Range, error) {
+	if !b.vram.inRange(base, size) {
+		return nil, fmt.Errorf("sim: VRAM [%#x, +%#x): beyond %#x", base, size, b.cfg.VRAMSize)
+	}
 	b.vram.mu.Lock()
 	defer b.vram.mu.Unlock()
-	i, err := b.vram.segmentIndex(base, size)
-	if err != nil {
-		return nil, err
-	}
-	fd := b.vram.segs[i].fd
-	var out []VRAMRange
-	for off := int64(0); off < int64(size); {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // no data past off
+	var out []gpu.Range
+	end := base + size
+	for _, s := range b.vram.segs {
+		lo, hi := max(base, s.base), min(end, s.base+s.size)
+		if lo >= hi {
+			continue
 		}
-		if err != nil {
-			// No SEEK_DATA here: say all of it is in use.
-			return []VRAMRange{{Base: base, Size: size}}, nil //nolint:nilerr // a correct, if larger, answer
+		for off := int64(lo - s.base); off < int64(hi-s.base); {
+			data, err := unix.Seek(s.fd, off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) {
+				break // no data past off
+			}
+			if err != nil {
+				// No SEEK_DATA here: all of it may be in use.
+				out = append(out, gpu.Range{Base: s.base + uint64(off), Size: hi - s.base - uint64(off)})
+				break
+			}
+			if data >= int64(hi-s.base) {
+				break
+			}
+			hole, err := unix.Seek(s.fd, data, unix.SEEK_HOLE)
+			if err != nil {
+				hole = int64(hi - s.base)
+			}
+			hole = min(hole, int64(hi-s.base))
+			out = append(out, gpu.Range{Base: s.base + uint64(data), Size: uint64(hole - data)})
+			off = hole
 		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			hole = int64(size)
-		}
-		hole = min(hole, int64(size))
-		out = append(out, VRAMRange{Base: base + uint64(data), Size: uint64(hole - data)})
-		off = hole
 	}
 	return out, nil
 }

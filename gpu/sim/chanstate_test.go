@@ -119,3 +119,16 @@ func TestVRAMResidentRanges(t *testing.T) {
 		t.Fatalf("after scrub: %v", got)
 	}
 }
+
+// Ranges inside one segment, and across segments, are listed too.
+func TestVRAMResidentRangesWithinSegments(t *testing.T) {
+	r := newRig(t)
+	r.hostWrite(0x5000, []byte{1})
+	got, err := r.b.VRAMResidentRanges(0x4000, 0x2000)
+	if err != nil || len(got) != 1 || got[0].Base != 0x5000 || got[0].Size != 0x1000 {
+		t.Fatalf("ranges %v, %v", got, err)
+	}
+	if got, _ := r.b.VRAMResidentRanges(0x6000, 0x10000); len(got) != 0 {
+		t.Fatalf("ranges beyond the page: %v", got)
+	}
+}
