@@ -77,6 +77,7 @@ func (h *Host) SetState(name string, s State) error {
 //	GET    /v1/vgpus                    every vGPU with its board and slot
 //	GET    /v1/vgpus/{id}[/...]         one vGPU (its board's aggregator answers)
 //	DELETE /v1/vgpus/{id}               tear a vGPU down
+//	POST   /v1/vgpus/{id}/move?to=BOARD move a running vGPU to a free slot of BOARD
 //	GET    /v1/boards                   the boards, their states and loads
 //	GET    /v1/boards/{name}/layout     how a board is partitioned
 //	POST   /v1/boards/{name}/cordon     take a board out of placement
@@ -108,6 +109,7 @@ func (h *Host) ControlHandler() http.Handler {
 		}
 		b.ctl.ServeHTTP(w, r)
 	}
+	mux.HandleFunc("POST /v1/vgpus/{id}/move", h.serveMove)
 	mux.HandleFunc("/v1/vgpus/{id}", forward)
 	mux.HandleFunc("/v1/vgpus/{id}/{rest...}", forward)
 	mux.HandleFunc("GET /v1/boards", func(w http.ResponseWriter, r *http.Request) {

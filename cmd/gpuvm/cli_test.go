@@ -29,9 +29,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "report", "--out", "x", "--runs", "0"}, "--runs 0: want 1..1000"},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
 		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
-		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, reset, layout, types)`},
+		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, reset, move, layout, types)`},
 		{[]string{"vgpu", "stats"}, "want one vGPU id"},
 		{[]string{"vgpu", "destroy", "1", "2"}, "got 2 arguments"},
+		{[]string{"vgpu", "move", "0"}, "name the board to move it to: --to BOARD"},
 		{[]string{"vgpu", "stats", "0", "--nope"}, "flag provided but not defined: -nope (see 'gpuvm vgpu stats --help')"},
 		{[]string{"vgpu", "stats", "0", "--control-socket"}, "flag needs an argument: -control-socket"},
 	} {

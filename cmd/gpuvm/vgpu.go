@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -39,6 +40,12 @@ func vgpuCommand() *cli.Command {
 			for _, s := range suffix {
 				url += s
 			}
+			if method == http.MethodPost && len(suffix) > 0 && suffix[0] == "/move" {
+				if c.String("to") == "" {
+					return usageHint(c, "name the board to move it to: --to BOARD (gpuvm board list shows them)")
+				}
+				url += "?to=" + neturl.QueryEscape(c.String("to"))
+			}
 			req, err := http.NewRequestWithContext(c.Context, method, url, nil)
 			if err != nil {
 				return err
@@ -59,7 +66,7 @@ func vgpuCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "vgpu",
-		Usage: "list, inspect, reset or destroy the aggregator's vGPUs; list the vGPU profiles",
+		Usage: "list, inspect, reset, move or destroy the aggregator's vGPUs; list the vGPU profiles",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every vGPU with its counters (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", false)},
 			{Name: "stats", Usage: "one vGPU's counters (JSON)", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", true)},
@@ -74,6 +81,18 @@ func vgpuCommand() *cli.Command {
 					"in place (pvdrm), or a channel would not stop (the vGPU is then destroyed and its slot\n" +
 					"taken out of service, as a failed teardown); 2 for bad arguments.",
 				Flags: []cli.Flag{ctl}, Action: call(http.MethodPost, "/v1/vgpus", true, "/reset")},
+			{Name: "move", Usage: "move a running vGPU to a free slot of another board (or of its own)", ArgsUsage: "ID --to BOARD",
+				Description: "Moves vGPU ID while its VM runs: its work in flight ends (a submission boundary), its\n" +
+					"channels stop with their state saved, the VRAM it uses is copied to a free slot of BOARD,\n" +
+					"its shadows are rebuilt there and its channels go on where they stopped. The guest sees a\n" +
+					"pause, never an error; its id stays. The slot it left is scrubbed and freed. Fully\n" +
+					"virtualized modes only (PV and pvdrm vGPUs are refused); a BAR-remap vGPU traps every\n" +
+					"aperture access after its move. Prints from/to board and slot, the bytes copied and the pause.\n\n" +
+					"Exit status: 0 once the vGPU runs on BOARD; 1 if there is no such vGPU or board, BOARD is\n" +
+					"full, cordoned or failed, the vGPU cannot be moved, or the move failed (the vGPU is then\n" +
+					"destroyed); 2 for bad arguments.",
+				Flags:  []cli.Flag{ctl, &cli.StringFlag{Name: "to", Usage: "the board to move it to"}},
+				Action: call(http.MethodPost, "/v1/vgpus", true, "/move")},
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
 			vgpuTypesCommand(ctl),
 		},
