@@ -1,0 +1,237 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+)
+
+// Moving a running vGPU between boards (docs/design.md, "Moving a vGPU"):
+// two boards of one host (two aggregators sharing a registry, as `gpuvm
+// serve` builds them).
+
+// twoBoardEnv builds boards a and b of one registry.
+func twoBoardEnv(t *testing.T) (a, b *env) {
+	t.Helper()
+	reg := aggregator.NewRegistry()
+	a = newEnvWith(t, envOptions{Modify: func(o *aggregator.Options) { o.Registry, o.BoardName = reg, "a" }})
+	b = newEnvWith(t, envOptions{Modify: func(o *aggregator.Options) { o.Registry, o.Board, o.BoardName = reg, 1, "b" }})
+	return a, b
+}
+
+// residentPages lists page addresses (the board's) of slot that hold data.
+func (e *env) residentPages(t *testing.T, slot int) []uint64 {
+	t.Helper()
+	s := e.layout.Slots[slot].VRAM
+	rs, err := e.board.VRAMResidentRanges(s.Base, s.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for _, r := range rs {
+		for p := r.Base; p < r.End(); p += pageSize {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// moveTo moves v to board to, failing the test on error.
+func moveTo(t *testing.T, v *aggregator.VGPU, to *env) aggregator.MoveStats {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := aggregator.Move(ctx, v, to.agg)
+	if err != nil {
+		t.Fatalf("move vGPU %d: %v", v.ID, err)
+	}
+	t.Logf("moved vGPU %d: %s/%d -> %s/%d, %d KiB copied, paused %v (copy %v)", v.ID,
+		st.FromBoard, st.FromSlot, st.ToBoard, st.ToSlot, st.Bytes>>10, st.Downtime.Round(time.Microsecond), st.Copy.Round(time.Microsecond))
+	return st
+}
+
+// TestMoveRunningVM: a VM process looping verified madd and cpy is moved
+// between the boards, back and forth, while it computes. Every one of its
+// results verifies; the slot it leaves each time holds nothing afterwards;
+// the next tenant of a vacated slot reads zeros where the mover's data
+// was; the honest VM on board a verifies and canaries in free slots of
+// both boards are untouched.
+//
+// The boards must run each GPFIFO entry the VMs submitted exactly once (a
+// channel re-created without its state re-runs its ring from entry 0, and
+// results of idempotent work would still verify): the entries both boards
+// ran are counted against the same two jobs run on a board of their own.
+func TestMoveRunningVM(t *testing.T) {
+	runs := "40"
+	if testing.Short() {
+		runs = "12"
+	}
+	job := []string{"--workloads", "madd,cpy", "--runs", runs, "--matrix-dim", "64", "--copy-size", "1MiB"}
+	solo := newEnv(t)
+	p, _ := solo.startHonest(t)
+	p.verified(t)
+	honestEntries := solo.board.Stats().GPFIFOEntries
+	p = solo.startVM(t, "mover", 12, "fv-optimized", job)
+	solo.waitAttached(t, "mover", p)
+	p.verified(t)
+	moverEntries := solo.board.Stats().GPFIFOEntries - honestEntries
+
+	a, b := twoBoardEnv(t)
+	honest, _ := a.startHonest(t) // slot 0 of a
+	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
+	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
+
+	mover := a.startVM(t, "mover", 12, "fv-optimized", job)
+	v := a.waitAttached(t, "mover", mover)
+	id := v.ID
+	envs := map[*aggregator.Aggregator]*env{a.agg: a, b.agg: b}
+	hops := []*env{b, a, b, a, b}
+	var lastLeft []uint64
+	for i, to := range hops {
+		// Let it compute on this board first.
+		bells := v.Counters().Doorbells
+		if !pollUntil(time.Minute, func() bool { return mover.exited() || v.Counters().Doorbells >= bells+8 }) || mover.exited() {
+			t.Fatalf("hop %d: the mover stopped computing (exited %v)\nstderr:\n%s", i, mover.exited(), mover.stderr())
+		}
+		_, name := v.Board()
+		from := a
+		if name == "b" {
+			from = b
+		}
+		fromSlot := v.Info().Slot
+		left := from.residentPages(t, fromSlot)
+		st := moveTo(t, v, to)
+		if st.Bytes == 0 || len(left) == 0 {
+			t.Fatalf("hop %d: nothing was copied (%d pages resident before)", i, len(left))
+		}
+		if v.ID != id {
+			t.Fatalf("hop %d: the vGPU's id changed from %d to %d", i, id, v.ID)
+		}
+		if n := len(from.residentPages(t, fromSlot)); n != 0 {
+			t.Fatalf("hop %d: the slot it left holds %d pages", i, n)
+		}
+		if got := envs[to.agg].vgpu("mover"); got != v {
+			t.Fatalf("hop %d: the target board does not list the vGPU", i)
+		}
+		if from != to && from.vgpu("mover") != nil {
+			t.Fatalf("hop %d: the board it left still lists it", i)
+		}
+		if from == a {
+			lastLeft = left
+		}
+	}
+	if mover.exited() {
+		t.Fatalf("the mover finished before its last move: the moves were not under load")
+	}
+	// The next tenant of the slot the mover last left on board a reads
+	// zeros where the mover's data was.
+	next := a.connect(t, "next", 30, "fv-naive")
+	nv := a.vgpu("next")
+	r := raw{next}
+	base := a.layout.Slots[nv.Info().Slot].VRAM.Base
+	checked := 0
+	for i, p := range lastLeft {
+		if p < base || p >= base+vramPerVM || i%max(1, len(lastLeft)/64) != 0 {
+			continue // another slot's, or not sampled
+		}
+		for off := uint64(0); off < pageSize; off += 512 {
+			if w := r.vramRead32(p - base + off); w != 0 {
+				t.Fatalf("the next tenant reads %#x at %#x of its slot, where the moved VM's data was", w, p-base+off)
+			}
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatalf("the next tenant did not land in a slot the mover left (slot %d; %d pages left)", nv.Info().Slot, len(lastLeft))
+	}
+	t.Logf("the next tenant read zeros in %d pages the mover had used", checked)
+	mover.verified(t)
+	honest.verified(t)
+	a.checkCanary(t, canaryA)
+	b.checkCanary(t, canaryB)
+	ran := a.board.Stats().GPFIFOEntries + b.board.Stats().GPFIFOEntries
+	if want := honestEntries + moverEntries; ran != want {
+		t.Errorf("the boards ran %d GPFIFO entries; the two jobs submit %d (%d + %d)", ran, want, honestEntries, moverEntries)
+	}
+	if c := v.Counters(); c.Moves != uint64(len(hops)) {
+		t.Errorf("the mover counts %d moves, want %d", c.Moves, len(hops))
+	}
+}
+
+// TestMoveHostileVM: a VM that floods its doorbell and rewrites its page
+// tables (entries naming memory outside its slice, then its own again,
+// TLB flushes) while it is moved between the boards. The moves complete;
+// nothing it maps reaches another slot (canaries in the free slots of both
+// boards, the honest VM on board b verifies); its own VRAM moved with it.
+func TestMoveHostileVM(t *testing.T) {
+	a, b := twoBoardEnv(t)
+	honest, _ := b.startBusyHonest(t, 8) // slot 0 of b
+	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
+	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
+
+	h := newAttacker(t, a, "hostile", 66, "fv-optimized")
+	h.controlCopies(t) // its own page holds the pattern from src
+	want := bytes.Clone(h.src.Bytes)
+	g := h.inspectChannel(t)
+	put := h.put(g)
+	hv := a.vgpu("hostile")
+	// Targets outside its slice: the canaries' pages as slice offsets and
+	// raw addresses, one page past its slice.
+	outside := []uint64{vramPerVM, canaryA.phys &^ (pageSize - 1), (canaryA.phys - a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
+	va := h.mapVRAM(t, h.own)
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var rung, remapped atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; !stop.Load(); i++ {
+			for range 64 {
+				h.ring(g, put)
+			}
+			rung.Add(64)
+			// Its page table: an entry naming memory outside its slice,
+			// then its own page again (the driver flushes the TLB).
+			if err := h.vm.MapVRAM(va, outside[i%len(outside)], pageSize); err == nil {
+				_ = h.vm.MapVRAM(va, h.own, pageSize)
+				remapped.Add(1)
+			}
+		}
+	}()
+	for i, to := range []*env{b, a, b, a} {
+		n := rung.Load()
+		if !pollUntil(time.Minute, func() bool { return rung.Load() >= n+256 }) {
+			t.Fatalf("hop %d: the flood stalled", i)
+		}
+		moveTo(t, hv, to)
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d doorbells and %d page-table rewrites during the moves", rung.Load(), remapped.Load())
+	if remapped.Load() == 0 {
+		t.Fatal("no page-table rewrite happened: the attack did not run")
+	}
+	// Its own VRAM moved with it, and its channel still works.
+	fillSink(h)
+	if err := h.gpuCopy(h.sinkVA, h.ownVA); err != nil {
+		t.Fatalf("copy from its own VRAM after the moves: %v (device: %v)", err, h.dev.Err())
+	}
+	if !bytes.Equal(h.sink.Bytes, want) {
+		t.Fatal("its own VRAM did not move with it")
+	}
+	// A hostile entry installed after the moves still reaches nothing.
+	for _, o := range outside {
+		evil := h.mapVRAM(t, o)
+		expectFault(t, h.gpuCopy(evil, h.srcVA), "a copy through an entry outside its slice, after its moves")
+		h.newChannel(t)
+	}
+	honest.verified(t)
+	a.checkCanary(t, canaryA)
+	b.checkCanary(t, canaryB)
+}
