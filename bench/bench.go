@@ -18,11 +18,14 @@ import (
 // Result is one (mode, workload) row of a report. Durations are nanoseconds;
 // PhasesNs and TotalNs are medians over the measured runs.
 type Result struct {
-	Mode        string           `json:"mode"`
-	Workload    string           `json:"workload"`
-	Runs        int              `json:"runs"`
-	Verified    bool             `json:"verified"`
-	Error       string           `json:"error,omitempty"`
+	Mode     string `json:"mode"`
+	Workload string `json:"workload"`
+	Runs     int    `json:"runs"`
+	Verified bool   `json:"verified"`
+	Error    string `json:"error,omitempty"`
+	// Recovered counts the runs retried after the device was reset under
+	// them and the driver re-initialised (RunOptions.Recover).
+	Recovered   int              `json:"recovered,omitempty"`
 	PhasesNs    map[string]int64 `json:"phases_ns"`
 	PhasesMinNs map[string]int64 `json:"phases_min_ns"`
 	PhasesMaxNs map[string]int64 `json:"phases_max_ns"`
@@ -124,6 +127,26 @@ type RunOptions struct {
 	// NoWarmup leaves out the warm-up run (a smoke run's saving; the first
 	// measured run then pays for what a warm-up would have).
 	NoWarmup bool
+	// Recover, if set, is asked about a run that failed: it reports
+	// whether the device was reset under the run and the driver brought
+	// it up again, and the run is then made again (at most maxRecoveries
+	// times in a row) instead of failing the workload.
+	Recover func(error) bool
+}
+
+// maxRecoveries bounds the retries of one run: a device reset over and
+// over fails the workload rather than looping.
+const maxRecoveries = 3
+
+// runRecovering runs w once, again after each failure Recover recovers from.
+func runRecovering(w workloads.Workload, drv gdev.Driver, opts RunOptions, res *Result) (workloads.Phases, error) {
+	for tries := 0; ; tries++ {
+		ph, err := w.Run(drv)
+		if err == nil || opts.Recover == nil || tries == maxRecoveries || !opts.Recover(err) {
+			return ph, err
+		}
+		res.Recovered++
+	}
 }
 
 // RunWorkloadWith is RunWorkload with options.
@@ -135,7 +158,7 @@ func RunWorkloadWith(ctx context.Context, mode string, drv gdev.Driver, w worklo
 	}
 	if !opts.NoWarmup {
 		progress(mode, w.Name(), 0, runs)
-		if _, err := w.Run(drv); err != nil {
+		if _, err := runRecovering(w, drv, opts, &res); err != nil {
 			res.Error = fmt.Sprintf("warm-up: %v", err)
 			return res
 		}
@@ -166,7 +189,7 @@ func RunWorkloadWith(ctx context.Context, mode string, drv gdev.Driver, w worklo
 			return res
 		}
 		progress(mode, w.Name(), i, runs)
-		ph, err := w.Run(measured)
+		ph, err := runRecovering(w, measured, opts, &res)
 		if err != nil {
 			res.Error = fmt.Sprintf("run %d: %v", i, err)
 			if errors.Is(err, workloads.ErrVerify) {

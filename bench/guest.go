@@ -48,6 +48,17 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		return rep, fmt.Errorf("guest driver: %w (device: %v)", err, dev.Err())
 	}
 	defer func() { err = errors.Join(err, drv.Close()) }()
+	if opts.Recover == nil {
+		// A reset of the vGPU under a run (the operator's gpuvm vgpu
+		// reset) is recovered from as a guest OS would: the driver
+		// re-initialises and the run is made again.
+		opts.Recover = func(err error) bool {
+			if !errors.Is(err, nouveau.ErrDeviceReset) {
+				return false
+			}
+			return drv.Reset() == nil
+		}
+	}
 	names2 := aggregator.CounterNames()
 	counters := func() map[string]uint64 {
 		c, err := dev.Counters(names2)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gpuvm/gpuvm/gpu/hwseq"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/internal/rangealloc"
 )
@@ -64,6 +65,7 @@ func (d *Device) Reset() error {
 		return fmt.Errorf("reset: %w", ErrClosed)
 	}
 	d.gen.Add(1)
+	old := d.chans
 	d.chans = [nvc0.MaxChannels]*Channel{}
 	d.bar1, d.bar3, d.userArea, d.playlist, d.plCur, d.pollBase = nil, nil, nil, [2]*kobj{}, 0, 0
 	d.mu.Unlock()
@@ -75,6 +77,22 @@ func (d *Device) Reset() error {
 	d.prMu.Unlock()
 	d.vram = rangealloc.New(vramReserved, d.vramSize-vramReserved)
 	d.wr(nvc0.RegPMCEnable, nvc0.PMCEnableAll)
+	// A channel the driver set up after the reset and before it noticed
+	// (a context opened between the two) is enabled on the fresh GPU,
+	// though orphaned here: stop it and give its id back, or the id would
+	// be refused to the next channel.
+	var errs []error
+	for id, ch := range old {
+		if ch == nil {
+			continue
+		}
+		errs = append(errs, hwseq.StopChannel(d.mmio, id, d.opts.Timeout))
+		d.wr(nvc0.ChanCtl(id), 0)
+		d.wr(nvc0.ChanInst(id), 0)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("reset: stop channels from before it: %w", err)
+	}
 	if old := d.pv; old != nil {
 		// The host forgot the slot registration with everything else;
 		// the old slot page is the driver's own RAM.
@@ -169,15 +187,23 @@ func findPCIExp(cfg PCIConfig) (int, error) {
 // driver re-initialised already (Reset freed every id).
 func (c *Channel) releaseOrphan() error {
 	d := c.d
+	var errs []error
 	if d.current(c.gen) {
-		d.forgetError(c.id)
+		// The driver has not re-initialised yet, so the id is still this
+		// channel's: the reset stopped the channel, unless the driver set
+		// it up after the reset and before it noticed — then it is
+		// enabled on the fresh GPU, and must be stopped before its id is
+		// handed out again.
 		d.mu.Lock()
+		errs = append(errs, hwseq.StopChannel(d.mmio, c.id, d.opts.Timeout))
+		d.wr(nvc0.ChanCtl(c.id), 0)
+		d.wr(nvc0.ChanInst(c.id), 0)
 		if d.chans[c.id] == c {
 			d.chans[c.id] = nil
 		}
 		d.mu.Unlock()
+		d.forgetError(c.id)
 	}
-	var errs []error
 	if c.fence.Bytes != nil {
 		errs = append(errs, c.d.host.Free(c.fence))
 	}
