@@ -22,8 +22,8 @@ import (
 // figure of §4.3 is drawn, and the page renders in a real browser where
 // Chromium is installed.
 func TestBenchReportQuick(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the whole evaluation at small sizes (minutes)")
+	if testing.Short() || os.Getenv("GPUVM_LONG") == "" {
+		t.Skip("runs the whole evaluation at small sizes (2 minutes alone, more on a loaded machine): a slow suite, run with GPUVM_LONG=1")
 	}
 	dir := t.TempDir()
 	_, stderr, err := runApp(t, "bench", "report", "--quick", "--out", dir)
