@@ -15,7 +15,7 @@ import (
 func TestResetGuestCarriesOn(t *testing.T) {
 	e := newEnv(t)
 	honest, _ := e.startHonest(t)
-	p := e.startVM(t, "resettee", 12, "fv-optimized", []string{"--workloads", "madd,cpy", "--runs", "400", "--matrix-dim", "32", "--copy-size", "256KiB"})
+	p := e.startVM(t, "resettee", 12, "fv-optimized", []string{"--workloads", "madd,cpy", "--runs", "200", "--matrix-dim", "32", "--copy-size", "256KiB"})
 	v := e.waitAttached(t, "resettee", p)
 	resets := 0
 	for resets < 3 && !p.exited() {
