@@ -107,6 +107,20 @@ func TestMoveRunningVGPU(t *testing.T) {
 			var runs atomic.Int64
 			done := make(chan error, 1)
 			go func() { done <- workloadLoop(g, ctx, &stop, &runs) }()
+			// The control API's readers run while the vGPU moves (for the
+			// race detector): its info, board, scheduler account, lists.
+			watched := make(chan struct{})
+			go func() {
+				defer close(watched)
+				for !stop.Load() {
+					_ = g.v.Info()
+					_, _ = g.v.Board()
+					_ = a.Infos()
+					_ = b.VGPUs()
+					time.Sleep(100 * time.Microsecond)
+				}
+			}()
+			defer func() { stop.Store(true); <-watched }()
 			type hop struct {
 				to    *Aggregator
 				board *sim.Board

@@ -37,7 +37,8 @@ func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
 		if len(args) != 0 {
 			return r, fmt.Errorf("reset call with %d arguments", len(args))
 		}
-		err := v.agg.Reset(v, "function-level reset by the guest")
+		a, _ := v.where() // a move may change it (move.go)
+		err := a.Reset(v, "function-level reset by the guest")
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrResetDestroyed):

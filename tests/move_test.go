@@ -3,12 +3,17 @@ package tests
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/ipc"
 )
 
 // Moving a running vGPU between boards (docs/design.md, "Moving a vGPU"):
@@ -235,3 +240,139 @@ func TestMoveHostileVM(t *testing.T) {
 	a.checkCanary(t, canaryA)
 	b.checkCanary(t, canaryB)
 }
+
+// TestMoveRemapRace: a BAR-remap guest reads and writes its own VRAM through
+// a passed-through BAR1 page without pause while it is moved between the
+// boards: every read returns what it last wrote (its own page, wherever it
+// now is), and a device model that kept its mapping of the old slice
+// reaches nothing of the slot's next tenant, nor the tenant anything of
+// it.
+func TestMoveRemapRace(t *testing.T) {
+	a, b := twoBoardEnv(t)
+	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
+	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
+	h := newAttacker(t, a, "racer", 70, "fv-bar-remap")
+	hv := a.vgpu("racer")
+	off, err := h.drv.MapBAR1(h.own, pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dev.Write32(nvc0.BAR1, off, 1)
+	if hv.Counters().RemappedPages == 0 {
+		t.Fatal("no page is passed through: the race is not with remap")
+	}
+	var stop atomic.Bool
+	var accesses, wrong atomic.Int64
+	var lastWrong atomic.Value
+	var last [64]uint32 // what it last wrote in each word (read after done)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v := uint32(2); !stop.Load(); v++ {
+			w := off + uint64(v%64)*4
+			h.dev.Write32(nvc0.BAR1, w, v)
+			last[v%64] = v
+			if got := h.dev.Read32(nvc0.BAR1, w); got != v {
+				wrong.Add(1)
+				lastWrong.Store([2]uint32{v, got})
+			}
+			accesses.Add(1)
+		}
+	}()
+	for i, to := range []*env{b, a, b} {
+		n := accesses.Load()
+		if !pollUntil(time.Minute, func() bool { return accesses.Load() >= n+1000 }) {
+			t.Fatalf("hop %d: the racer stalled", i)
+		}
+		moveTo(t, hv, to)
+	}
+	n := accesses.Load()
+	pollUntil(time.Minute, func() bool { return accesses.Load() >= n+1000 })
+	stop.Store(true)
+	<-done
+	t.Logf("%d BAR1 write/read pairs across 3 moves", accesses.Load())
+	if wrong.Load() != 0 {
+		t.Fatalf("%d reads did not return the value just written (last: wrote %v)", wrong.Load(), lastWrong.Load())
+	}
+	// What it wrote is in its slot on the board it is on now, not only in
+	// whatever its device model's mapping reaches.
+	on := a
+	if _, name := hv.Board(); name == "b" {
+		on = b
+	}
+	page := on.readVRAM(t, on.layout.Slots[hv.Info().Slot].VRAM.Base+h.own, pageSize)
+	for i, want := range last {
+		if got := le32(page[i*4:]); want != 0 && got != want {
+			t.Fatalf("word %d of its page holds %#x on its board, but it last wrote %#x", i, got, want)
+		}
+	}
+	a.checkCanary(t, canaryA)
+	b.checkCanary(t, canaryB)
+}
+
+// TestMoveRevokesOldSlice: a remap-mode device model keeps its mapping of
+// the slice it was given; its vGPU is moved and a new tenant takes the
+// vacated slot. The old mapping reads nothing the new tenant writes and
+// writes nothing the new tenant (or the moved vGPU) reads.
+func TestMoveRevokesOldSlice(t *testing.T) {
+	a, b := twoBoardEnv(t)
+	ram, err := ipc.CreateMemfd("evil-ram", guestRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ram.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, w, extra, err := ipc.Dial(ctx, a.sock, ipc.Hello{DomID: 50, Name: "evil", Mode: "fv-bar-remap", RAMSize: guestRAM, Transport: ipc.TransportShm}, ram, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if w.Params[ipc.ParamRemap] != "1" || len(extra) != 2 {
+		t.Fatalf("remap mode: params %v, %d extra files", w.Params, len(extra))
+	}
+	v := a.vgpu("evil")
+	slot := v.Info().Slot
+	slice, err := unix.Mmap(int(extra[1].Fd()), 0, vramPerVM, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	for _, f := range extra {
+		f.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(slice)
+	const g = 0x500000
+	binary.LittleEndian.PutUint32(slice[g:], 0x0CC0) // its own data, before the move
+	moveTo(t, v, b)
+	mine := raw{clientMMIO{c}}
+	if got := mine.vramRead32(g); got != 0x0CC0 {
+		t.Fatalf("the moved vGPU reads %#x at %#x, want its own 0xcc0", got, g)
+	}
+
+	next := a.connect(t, "next", 51, "fv-naive")
+	if nv := a.vgpu("next"); nv == nil || nv.Info().Slot != slot {
+		t.Fatalf("the next tenant did not get slot %d", slot)
+	}
+	r := raw{next}
+	if got := r.vramRead32(g); got != 0 {
+		t.Fatalf("the next tenant reads %#x where the moved vGPU's data was", got)
+	}
+	r.vramWrite32(g, 0x5EC2E7)
+	r.sync()
+	readByOld := binary.LittleEndian.Uint32(slice[g:])
+	binary.LittleEndian.PutUint32(slice[g+4:], 0xBAD)
+	if readByOld == 0x5EC2E7 || r.vramRead32(g+4) == 0xBAD || mine.vramRead32(g+4) == 0xBAD {
+		t.Fatalf("the moved vGPU's old slice mapping still reaches the slot it left: read %#x of the next tenant's write", readByOld)
+	}
+}
+
+// clientMMIO is an ipc client as gpu.MMIO (errors read as 0: the test
+// checks the connection's own error elsewhere).
+type clientMMIO struct{ c *ipc.Client }
+
+func (m clientMMIO) Read32(bar int, off uint64) uint32 {
+	v, _ := m.c.Read32(bar, off)
+	return v
+}
+
+func (m clientMMIO) Write32(bar int, off uint64, v uint32) { _ = m.c.Write32(bar, off, v) }
