@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/ipc"
 )
 
@@ -376,3 +378,66 @@ func (m clientMMIO) Read32(bar int, off uint64) uint32 {
 }
 
 func (m clientMMIO) Write32(bar int, off uint64, v uint32) { _ = m.c.Write32(bar, off, v) }
+
+// TestMoveWaitsForWorkInFlight: a VM whose channel is blocked in a
+// semaphore acquire (a submission that does not end: a kernel that runs
+// forever, as far as the move can tell). Without a watchdog a move waits
+// for it at most as long as its context allows, then gives up having
+// changed nothing; once the guest releases the semaphore the move goes
+// through and the channel's work is done exactly once. With a watchdog the
+// move waits for the watchdog's verdict, which it carries out: the guest
+// sees its channel stopped, as it would without the move.
+func TestMoveWaitsForWorkInFlight(t *testing.T) {
+	t.Run("no watchdog", func(t *testing.T) {
+		a, b := twoBoardEnv(t)
+		h := newAttacker(t, a, "blocker", 71, "fv-naive")
+		hv := a.vgpu("blocker")
+		semVA := h.mapVRAM(t, h.own)
+		if err := h.ch.Submit(a1SemAcquire(semVA, 0x1234)); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.ch.Submit(a1SemRelease(semVA+8, 0x77)); err != nil { // after the acquire
+			t.Fatal(err)
+		}
+		h.r.sync()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if _, err := aggregator.Move(ctx, hv, b.agg); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("move of a VM with work blocked in flight: %v, want the context's deadline", err)
+		}
+		if _, name := hv.Board(); name != "a" || a.vgpu("blocker") != hv || b.vgpu("blocker") != nil {
+			t.Fatalf("a move that gave up left the vGPU on board %q", name)
+		}
+		// The guest releases its semaphore: the work ends, the move goes.
+		h.r.vramWrite32(h.own, 0x1234)
+		if err := h.ch.Finish(); err != nil {
+			t.Fatalf("the blocked work after the failed move: %v", err)
+		}
+		moveTo(t, hv, b)
+		if got := le32(b.readVRAM(t, b.layout.Slots[hv.Info().Slot].VRAM.Base+h.own+8, 4)); got != 0x77 {
+			t.Fatalf("the release after the acquire wrote %#x on the new board", got)
+		}
+		h.controlCopies(t)
+	})
+	t.Run("watchdog", func(t *testing.T) {
+		reg := aggregator.NewRegistry()
+		a := newEnvWith(t, envOptions{Watchdog: 100 * time.Millisecond, Modify: func(o *aggregator.Options) { o.Registry, o.BoardName = reg, "a" }})
+		b := newEnvWith(t, envOptions{Modify: func(o *aggregator.Options) { o.Registry, o.Board, o.BoardName = reg, 1, "b" }})
+		h := newAttacker(t, a, "blocker", 71, "fv-naive")
+		hv := a.vgpu("blocker")
+		semVA := h.mapVRAM(t, h.own)
+		if err := h.ch.Submit(a1SemAcquire(semVA, 0x1234)); err != nil {
+			t.Fatal(err)
+		}
+		h.r.sync()
+		moveTo(t, hv, b)
+		if err := h.ch.Finish(); !errors.Is(err, nouveau.ErrChannelFault) {
+			t.Fatalf("the channel the watchdog stopped: %v, want its fault", err)
+		}
+		if hv.Counters().WatchdogStops != 1 {
+			t.Fatalf("watchdog stops: %d", hv.Counters().WatchdogStops)
+		}
+		h.newChannel(t)
+		h.controlCopies(t)
+	})
+}
