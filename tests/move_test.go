@@ -399,7 +399,14 @@ func TestMoveWaitsForWorkInFlight(t *testing.T) {
 		if err := h.ch.Submit(a1SemRelease(semVA+8, 0x77)); err != nil { // after the acquire
 			t.Fatal(err)
 		}
-		h.r.sync()
+		// Released to the board (in flight), not merely queued: a queued
+		// submission moves with the vGPU.
+		inFlight := func() bool {
+			return a.board.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(h.physChan())))&nvc0.ChanCtlPending != 0
+		}
+		if !pollUntil(time.Minute, inFlight) {
+			t.Fatal("the blocked submission never reached the board")
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		if _, err := aggregator.Move(ctx, hv, b.agg); !errors.Is(err, context.DeadlineExceeded) {
@@ -429,7 +436,11 @@ func TestMoveWaitsForWorkInFlight(t *testing.T) {
 		if err := h.ch.Submit(a1SemAcquire(semVA, 0x1234)); err != nil {
 			t.Fatal(err)
 		}
-		h.r.sync()
+		if !pollUntil(time.Minute, func() bool {
+			return a.board.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(h.physChan())))&nvc0.ChanCtlPending != 0
+		}) {
+			t.Fatal("the blocked submission never reached the board")
+		}
 		moveTo(t, hv, b)
 		if err := h.ch.Finish(); !errors.Is(err, nouveau.ErrChannelFault) {
 			t.Fatalf("the channel the watchdog stopped: %v, want its fault", err)
