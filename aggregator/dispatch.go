@@ -109,8 +109,9 @@ type dispatcher struct {
 
 	stops sync.WaitGroup // watchdog stops in progress
 
-	// held is a VM being moved: none of its work is released (move.go).
-	held *VGPU
+	// held counts, per vGPU id, the moves that stop its work being
+	// released (move.go).
+	held map[int]int
 
 	slaf slaf // SLA feedback (slo.go)
 }
@@ -399,7 +400,7 @@ func (d *dispatcher) sinceRelease() time.Duration {
 // release gives the GPU to the oldest queued submission of vGPU id.
 func (d *dispatcher) release(id int, now time.Duration) {
 	q := d.queues[id]
-	if len(q) == 0 || d.held != nil && d.held.ID == id {
+	if len(q) == 0 || d.held[id] > 0 {
 		return // nothing queued, or the VM is being moved (move.go)
 	}
 	s := q[0]

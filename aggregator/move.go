@@ -97,6 +97,14 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("move vGPU %d to board %s: %w", v.ID, dst.opts.BoardName, err)
 	}
+	// Stop releasing the VM's work and let what is in flight end while the
+	// guest still runs (its CPU side: doorbells queue), then pause it.
+	src.disp.hold(v)
+	defer src.disp.unhold(v)
+	if err := src.disp.drain(ctx, v); err != nil {
+		dst.freeHeld(to.Index)
+		return st, fmt.Errorf("move vGPU %d: waiting for its work in flight: %w", v.ID, err)
+	}
 	v.mu.Lock()
 	start := time.Now()
 	if v.dead || v.agg != src {
@@ -218,21 +226,54 @@ func (a *Aggregator) releaseMoved(v *VGPU, slot int, dst *Aggregator) {
 	}
 }
 
-// quiesce stops releasing v's work and waits until none of it is in
-// flight, then takes v off the dispatcher (its queued submissions are
+// hold stops the dispatcher releasing v's work (it still queues);
+// unhold undoes it. Holds nest (count per vGPU id).
+func (d *dispatcher) hold(v *VGPU) {
+	d.mu.Lock()
+	if d.held == nil {
+		d.held = map[int]int{}
+	}
+	d.held[v.ID]++
+	d.mu.Unlock()
+}
+
+func (d *dispatcher) unhold(v *VGPU) {
+	d.mu.Lock()
+	if d.held[v.ID]--; d.held[v.ID] <= 0 {
+		delete(d.held, v.ID)
+	}
+	d.mu.Unlock()
+	d.signal()
+}
+
+// drain waits, without v.mu (the guest runs; the watchdog may stop a
+// submission), until none of v's work is in flight, or ctx is done.
+// Called with v held.
+func (d *dispatcher) drain(ctx context.Context, v *VGPU) error {
+	for {
+		d.mu.Lock()
+		busy := false
+		for _, s := range d.inflight {
+			busy = busy || s.v == v
+		}
+		d.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(moveQuiesceNap)
+	}
+}
+
+// quiesce waits until none of v's work is in flight (v is held: none is
+// released), then takes v off the dispatcher (its queued submissions are
 // forgotten: the move queues them again from the guest's GP_PUTs). A
 // submission the watchdog is stopping is stopped here, as the watchdog
 // would (its goroutine waits for v.mu, which the caller holds). Called
 // with v.mu held. On error (ctx done) nothing changed.
 func (d *dispatcher) quiesce(ctx context.Context, v *VGPU) error {
-	d.mu.Lock()
-	d.held = v
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.held = nil
-		d.mu.Unlock()
-	}()
 	for {
 		d.mu.Lock()
 		var kill []int
