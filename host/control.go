@@ -82,6 +82,7 @@ func (h *Host) SetState(name string, s State) error {
 //	GET    /v1/boards/{name}/layout     how a board is partitioned
 //	POST   /v1/boards/{name}/cordon     take a board out of placement
 //	POST   /v1/boards/{name}/uncordon   put it back
+//	POST   /v1/boards/{name}/drain      cordon it and move every vGPU that can move to the other boards
 //	POST   /v1/boards/{name}/fail       make it fall off the bus (with Options.FaultInjection only)
 //	GET    /v1/placements               the latest placement decisions and why
 //	GET    /v1/layout                   the layout, on a host of one board
@@ -131,6 +132,7 @@ func (h *Host) ControlHandler() http.Handler {
 			writeJSON(w, http.StatusOK, map[string]string{"board": r.PathValue("name"), "state": string(s)})
 		})
 	}
+	mux.HandleFunc("POST /v1/boards/{name}/drain", h.serveDrain)
 	mux.HandleFunc("POST /v1/boards/{name}/fail", func(w http.ResponseWriter, r *http.Request) {
 		b := h.Board(r.PathValue("name"))
 		switch {

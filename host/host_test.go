@@ -1,6 +1,7 @@
 package host
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -51,7 +52,13 @@ func newTestHost(t *testing.T, opts Options, slots ...int) *Host {
 // attach places g as Serve would and attaches it on the chosen board.
 func attach(t *testing.T, h *Host, domid uint32, name string) (*Board, *aggregator.VGPU, Decision) {
 	t.Helper()
-	g := aggregator.Guest{DomID: domid, Name: name, Mode: "fv-optimized"}
+	return attachMode(t, h, domid, name, "fv-optimized")
+}
+
+// attachMode is attach in a mode.
+func attachMode(t *testing.T, h *Host, domid uint32, name, mode string) (*Board, *aggregator.VGPU, Decision) {
+	t.Helper()
+	g := aggregator.Guest{DomID: domid, Name: name, Mode: mode}
 	b, d := h.Place(g)
 	if b == nil {
 		return nil, nil, d
@@ -290,5 +297,52 @@ func TestPlacementPack(t *testing.T) {
 	}
 	if _, err := New(aggregator.NewRegistry(), h.boards, Options{Placement: "random"}); err == nil {
 		t.Error("an unknown placement was accepted")
+	}
+}
+
+func TestDrain(t *testing.T) {
+	h := newTestHost(t, Options{Pin: func(g aggregator.Guest) string {
+		return map[string]string{"pinned": "fast"}[g.Name]
+	}}, 3, 2, 2)
+	// Four VMs on fast (pack them there by cordoning the others), one PV.
+	for _, other := range []string{"slow", "third"} {
+		if err := h.SetState(other, StateCordoned); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, a, _ := attach(t, h, 1, "a")
+	_, pv, _ := attachMode(t, h, 2, "pv", "pv-multicall")
+	_, pinned, _ := attach(t, h, 3, "pinned")
+	for _, other := range []string{"slow", "third"} {
+		if err := h.SetState(other, StateActive); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := h.Drain(context.Background(), "fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	if len(res.Moved) != 1 || res.Moved[0].ID != a.ID || res.Moved[0].FromBoard != "fast" || res.Moved[0].ToBoard == "fast" {
+		t.Errorf("moved %+v, want only vGPU %d, off fast", res.Moved, a.ID)
+	}
+	left := map[int]string{}
+	for _, l := range res.Left {
+		left[l.ID] = l.Reason
+	}
+	if !strings.Contains(left[pv.ID], "pv-multicall") && !strings.Contains(left[pv.ID], "not supported") {
+		t.Errorf("the PV vGPU left with %q", left[pv.ID])
+	}
+	if !strings.Contains(left[pinned.ID], "pinned to board fast") {
+		t.Errorf("the pinned vGPU left with %q", left[pinned.ID])
+	}
+	if st := h.states()[0]; st != StateCordoned {
+		t.Errorf("fast is %s after its drain, want cordoned", st)
+	}
+	if b, _, d := attach(t, h, 4, "new"); b == nil || b.Name == "fast" {
+		t.Errorf("a new VM after the drain went to %v (%s)", b, d.Reason)
+	}
+	if _, err := h.Drain(context.Background(), "nope"); err == nil {
+		t.Error("drained a board that does not exist")
 	}
 }

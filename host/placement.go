@@ -73,6 +73,14 @@ type Decision struct {
 // Place chooses a board for g (nil if none can take it) and records the
 // decision.
 func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
+	b, d := h.choose(g, nil)
+	h.record(d)
+	return b, d
+}
+
+// choose is Place without recording; a board other than nil is excluded
+// (the one a drain empties).
+func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
 	pin := ""
 	if h.opts.Pin != nil {
 		pin = h.opts.Pin(g)
@@ -84,6 +92,8 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	for i, b := range h.boards {
 		c := h.candidate(b, states[i], loads[i])
 		switch {
+		case b == exclude:
+			c.Excluded = "the board being drained"
 		case pin != "" && b.Name != pin:
 			c.Excluded = fmt.Sprintf("the guest is pinned to board %q", pin)
 		case c.State != StateActive:
@@ -98,7 +108,6 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	if pin != "" && h.Board(pin) == nil {
 		d.Reason = fmt.Sprintf("%s (domid %d) is pinned to board %q, which this host does not have (boards: %s)",
 			g.Name, g.DomID, pin, strings.Join(h.names(), ", "))
-		h.record(d)
 		return nil, d
 	}
 	if len(fit) == 0 {
@@ -107,7 +116,6 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 			why = append(why, c.Board+": "+c.Excluded)
 		}
 		d.Reason = fmt.Sprintf("no board can take %s (domid %d): %s", g.Name, g.DomID, strings.Join(why, "; "))
-		h.record(d)
 		return nil, d
 	}
 	pack := h.opts.Placement == PlacePack
@@ -122,7 +130,6 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	best := d.Candidates[fit[0]]
 	d.Board = best.Board
 	d.Reason = h.explain(best, fit, d.Candidates, pin, pack)
-	h.record(d)
 	return h.boards[fit[0]], d
 }
 

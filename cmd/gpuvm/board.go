@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -17,11 +18,21 @@ import (
 // controlDo calls the control API and returns the response body, or an
 // error carrying the API's own message for a failed call.
 func controlDo(c *cli.Context, method, path string) ([]byte, error) {
+	return controlDoWithin(c, method, path, 0)
+}
+
+// controlDoWithin is controlDo with a client timeout other than the
+// default (0: the default), for calls that take long (a drain).
+func controlDoWithin(c *cli.Context, method, path string, timeout time.Duration) ([]byte, error) {
 	req, err := http.NewRequestWithContext(c.Context, method, "http://aggregator"+path, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := controlClient(c.Path("control-socket")).Do(req)
+	client := controlClient(c.Path("control-socket"))
+	if timeout > 0 {
+		client.Timeout = timeout
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
 	}
@@ -109,6 +120,37 @@ func boardCommand() *cli.Command {
 			}},
 			{Name: "cordon", Usage: "take a board out of placement: its vGPUs stay, no new one is placed on it", ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("cordon")},
 			{Name: "uncordon", Usage: "put a cordoned board back into placement", ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("uncordon")},
+			{Name: "drain", Usage: "take a board out of placement and move every vGPU that can move to the other boards (the fully virtualized ones)",
+				ArgsUsage: "NAME", Flags: []cli.Flag{ctl, jsonFlag}, Action: func(c *cli.Context) error {
+					args := positional(c)
+					if len(args) != 1 {
+						return usageHint(c, "want one board name (gpuvm board list shows them), got %d arguments", len(args))
+					}
+					body, err := controlDoWithin(c, http.MethodPost, "/v1/boards/"+url.PathEscape(args[0])+"/drain", 6*time.Minute)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						_, err = c.App.Writer.Write(body)
+						return err
+					}
+					var res host.DrainResult
+					if err := json.Unmarshal(body, &res); err != nil {
+						return fmt.Errorf("control API: %w", err)
+					}
+					for _, m := range res.Moved {
+						fmt.Fprintf(c.App.Writer, "moved vGPU %d: board %s slot %d -> board %s slot %d, %s copied, paused %v\n", m.ID, m.FromBoard, m.FromSlot,
+							m.ToBoard, m.ToSlot, config.Size(m.BytesCopied), time.Duration(m.DowntimeNs).Round(time.Microsecond))
+					}
+					for _, l := range res.Left {
+						fmt.Fprintf(c.App.Writer, "left vGPU %d (%s) on board %s: %s\n", l.ID, l.Name, res.Board, l.Reason)
+					}
+					fmt.Fprintf(c.App.Writer, "board %s is cordoned: %d moved, %d left\n", res.Board, len(res.Moved), len(res.Left))
+					if len(res.Left) > 0 {
+						return &exitError{code: exitFailure, err: fmt.Errorf("board %s not empty: %d vGPUs could not move", res.Board, len(res.Left))}
+					}
+					return nil
+				}},
 			{Name: "fail", Usage: "make a simulated board fall off the bus (needs gpuvm serve --fault-injection): its vGPUs are lost, the others carry on",
 				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("fail")},
 			{Name: "placements", Usage: "the latest placement decisions, each with every board's figures and the reason (JSON)", Flags: []cli.Flag{ctl},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/host"
@@ -23,7 +24,7 @@ name = "big"
 name = "small"
 vram = "768MiB"
 mem_partitions = 4
-max_vms = 1
+max_vms = 2
 [[vm]]
 name = "pinned"
 board = "small"
@@ -53,12 +54,44 @@ board = "small"
 		ids[v.ID] = true
 	}
 	if on["pinned"] != "small" || on["free"] != "big" {
-		t.Fatalf("placed %v; want pinned on small (its pin) and free on big (small is full)", on)
+		t.Fatalf("placed %v; want pinned on small (its pin) and free on big (small carries pinned's weight)", on)
 	}
 
-	// Cordon big: a third VM has nowhere to go and is told why.
-	if _, _, err := runApp(t, "board", "cordon", "big", "--control-socket", ctl); err != nil {
+	// Drain big: free moves to small while it computes and goes on
+	// computing there; big is cordoned, so a third VM has nowhere to go
+	// and is told why.
+	out, _, err = runApp(t, "board", "drain", "big", "--control-socket", ctl)
+	if err != nil || !strings.Contains(out, "moved vGPU") || !strings.Contains(out, "-> board small") || !strings.Contains(out, "1 moved, 0 left") {
+		t.Fatalf("board drain big: %v\n%s", err, out)
+	}
+	var after []aggregator.VGPUInfo
+	if err := controlGet(context.Background(), ctl, "/v1/vgpus", &after); err != nil {
 		t.Fatal(err)
+	}
+	var subs uint64
+	for _, v := range after {
+		if v.Name == "free" {
+			if v.BoardName != "small" {
+				t.Fatalf("free on %s after the drain", v.BoardName)
+			}
+			subs = v.Sched.Submissions
+		}
+	}
+	deadline := time.Now().Add(time.Minute) // a hang guard
+	for {
+		var now []aggregator.VGPUInfo
+		_ = controlGet(context.Background(), ctl, "/v1/vgpus", &now)
+		done := false
+		for _, v := range now {
+			done = done || v.Name == "free" && v.Sched.Submissions > subs+5
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("free stopped computing after its move: %+v", now)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	_, stderr, err := runApp(t, "devmodel", "--socket", sock, "--name", "third", "--domid", "5", "--ram", "64MiB", "--workloads", "nop", "--runs", "1")
 	if err == nil || !strings.Contains(stderr+err.Error(), "big: board is cordoned") {
@@ -72,7 +105,7 @@ board = "small"
 	if err := json.Unmarshal([]byte(body), &decisions); err != nil {
 		t.Fatalf("placements: %v\n%s", err, body)
 	}
-	if len(decisions) != 3 || decisions[0].Board != "small" || decisions[2].Board != "" {
+	if len(decisions) != 4 || decisions[0].Board != "small" || decisions[2].Board != "small" || decisions[3].Board != "" {
 		t.Fatalf("placements: %+v", decisions)
 	}
 	if _, _, err := runApp(t, "board", "cordon", "nope", "--control-socket", ctl); err == nil {
