@@ -199,19 +199,30 @@ func (a *Aggregator) profileFor(g Guest) string {
 	return a.opts.ProfileOf(g)
 }
 
-// domainRoutes adds the domain-settings routes to the control API:
-//
-//	GET    /v1/domains          settings waiting for their domains
-//	PUT    /v1/domains/{domid}  register settings (JSON DomainSettings)
-//	DELETE /v1/domains/{domid}  drop them
+// domainRoutes adds the domain-settings routes to the control API
+// (DomainSettingsRoutes) over this aggregator's settings.
 func (a *Aggregator) domainRoutes(mux *http.ServeMux) {
+	DomainSettingsRoutes(mux, a.DomainSettingsWaiting,
+		func(domid uint32, s DomainSettings) (DomainSettings, error) { return s, a.SetDomainSettings(domid, s) },
+		a.ForgetDomain)
+}
+
+// DomainSettingsRoutes adds the domain-settings routes of a control API to
+// mux:
+//
+//	GET    /v1/domains          settings waiting for their domains (list)
+//	PUT    /v1/domains/{domid}  register settings, one JSON DomainSettings of
+//	                            at most 4 KiB, unknown fields refused (set)
+//	DELETE /v1/domains/{domid}  drop them (forget)
+//
+// A host of several boards serves the same routes over its own store.
+func DomainSettingsRoutes(mux *http.ServeMux, list func() map[uint32]DomainSettings,
+	set func(uint32, DomainSettings) (DomainSettings, error), forget func(uint32)) {
 	mux.HandleFunc("GET /v1/domains", func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
 		out := map[string]DomainSettings{}
-		for d, s := range a.domains {
+		for d, s := range list() {
 			out[strconv.FormatUint(uint64(d), 10)] = s
 		}
-		a.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)
 	})
 	mux.HandleFunc("PUT /v1/domains/{domid}", func(w http.ResponseWriter, r *http.Request) {
@@ -231,7 +242,7 @@ func (a *Aggregator) domainRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "settings: one JSON object only"})
 			return
 		}
-		if err := a.SetDomainSettings(uint32(domid), s); err != nil {
+		if s, err = set(uint32(domid), s); err != nil {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 			return
 		}
@@ -243,7 +254,7 @@ func (a *Aggregator) domainRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
 			return
 		}
-		a.ForgetDomain(uint32(domid))
+		forget(uint32(domid))
 		writeJSON(w, http.StatusOK, map[string]string{"forgotten": strconv.FormatUint(domid, 10)})
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"sync"
@@ -58,6 +59,14 @@ func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
 // (or breaks the protocol) its vGPU is torn down. Serve returns when ctx is
 // done, after every connection ended.
 func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
+	return AcceptEach(ctx, ln, a.log, a.serveVM)
+}
+
+// AcceptEach accepts device models on ln until ctx is done and serves each
+// in its own goroutine; a device model refused at the handshake is logged
+// and the loop goes on. It returns when ctx is done (nil) or ln is closed,
+// after every serve call returned.
+func AcceptEach(ctx context.Context, ln *ipc.Listener, log *slog.Logger, serve func(context.Context, *ipc.Pending)) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -69,13 +78,13 @@ func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
 			if errors.Is(err, ipc.ErrClosed) {
 				return err
 			}
-			a.log.Warn("device model refused at handshake", "err", err)
+			log.Warn("device model refused at handshake", "err", err)
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a.serveVM(ctx, p)
+			serve(ctx, p)
 		}()
 	}
 }

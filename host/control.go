@@ -2,9 +2,8 @@ package host
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"time"
@@ -191,52 +190,19 @@ func (h *Host) Types() []aggregator.TypeInfo {
 // domainRoutes serves domain settings: held by the host until the domain's
 // device model connects, then given to the board it is placed on.
 func (h *Host) domainRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/domains", func(w http.ResponseWriter, r *http.Request) {
-		out := map[string]aggregator.DomainSettings{}
-		for _, b := range h.boards {
-			for d, s := range b.Agg.DomainSettingsWaiting() {
-				out[strconv.FormatUint(uint64(d), 10)] = s
-			}
-		}
-		h.mu.Lock()
-		for d, s := range h.pending {
-			out[strconv.FormatUint(uint64(d), 10)] = s
-		}
-		h.mu.Unlock()
-		writeJSON(w, http.StatusOK, out)
-	})
-	mux.HandleFunc("PUT /v1/domains/{domid}", func(w http.ResponseWriter, r *http.Request) {
-		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
-			return
-		}
-		var s aggregator.DomainSettings
-		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "settings: " + err.Error()})
-			return
-		}
-		if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "settings: one JSON object only"})
-			return
-		}
-		if s, err = h.SetDomainSettings(uint32(domid), s); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, s)
-	})
-	mux.HandleFunc("DELETE /v1/domains/{domid}", func(w http.ResponseWriter, r *http.Request) {
-		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
-			return
-		}
-		h.ForgetDomain(uint32(domid))
-		writeJSON(w, http.StatusOK, map[string]string{"forgotten": strconv.FormatUint(domid, 10)})
-	})
+	aggregator.DomainSettingsRoutes(mux, h.domainsWaiting, h.SetDomainSettings, h.ForgetDomain)
+}
+
+// domainsWaiting lists the settings waiting at the host and at the boards.
+func (h *Host) domainsWaiting() map[uint32]aggregator.DomainSettings {
+	out := map[uint32]aggregator.DomainSettings{}
+	for _, b := range h.boards {
+		maps.Copy(out, b.Agg.DomainSettingsWaiting())
+	}
+	h.mu.Lock()
+	maps.Copy(out, h.pending)
+	h.mu.Unlock()
+	return out
 }
 
 // SetDomainSettings checks settings for domid's next vGPU (as every board

@@ -133,40 +133,25 @@ func (h *Host) Board(name string) *Board {
 // board and served by that board's aggregator for as long as its connection
 // lasts. Serve returns when ctx is done, after every connection ended.
 func (h *Host) Serve(ctx context.Context, ln *ipc.Listener) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
+	sctx, stop := context.WithCancel(ctx)
+	sampled := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(sampled)
 		t := time.NewTicker(sampleEvery)
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-sctx.Done():
 				return
 			case now := <-t.C:
 				h.load.sample(h.boards, now)
 			}
 		}
 	}()
-	for {
-		p, err := ln.Accept(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, ipc.ErrClosed) {
-				return err
-			}
-			h.log.Warn("device model refused at handshake", "err", err)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h.serve(ctx, p)
-		}()
-	}
+	err := aggregator.AcceptEach(ctx, ln, h.log, h.serve)
+	stop()
+	<-sampled
+	return err
 }
 
 // serve places one VM and hands it to its board.
