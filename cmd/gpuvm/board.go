@@ -70,11 +70,13 @@ func boardCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "board",
-		Usage: "list the host's GPUs, their states and loads; take one out of placement; see placement decisions",
+		Usage: "list the host's GPUs, their states and loads; cordon or drain one; see placement decisions",
 		Description: "A daemon owns every board its configuration declares ([[boards]], or [board] alone)\n" +
 			"and places each VM that connects on one of them: a board that fits (active, a free\n" +
 			"slot, the one its [[vm]] entry pins), then the least loaded, the fewest submissions\n" +
-			"queued, the least weight placed, configuration order (docs/design.md, \"Several boards\").",
+			"queued, the least weight placed, configuration order (docs/design.md, \"Several boards\").\n" +
+			"[daemon] placement = \"pack\" fills boards in order instead. gpuvm vgpu move ID --to BOARD\n" +
+			"moves one running vGPU; drain moves every one that can move off a board.",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every board: state, slots, load over the last 2 s, queued submissions, weight placed",
 				Flags: []cli.Flag{ctl, jsonFlag}, Action: func(c *cli.Context) error {
