@@ -346,9 +346,14 @@ func (v *VGPU) release(clean bool) error {
 		}
 		errs = append(errs, v.agg.cleanSlot(v.agg.layout.Slots[v.Slot.Index].VRAM)) // all of the slot, whatever the quota was
 	}
-	if v.remap != nil {
-		errs = append(errs, v.remap.close())
-		v.remap = nil
+	// Counters (under v.mu) reads the remap table of a vGPU that is gone:
+	// take it away under the lock, then unmap it.
+	v.mu.Lock()
+	r := v.remap
+	v.remap = nil
+	v.mu.Unlock()
+	if r != nil {
+		errs = append(errs, r.close())
 	}
 	if v.ramBase != 0 {
 		// Waits for any page the GPU is moving; a channel that still names

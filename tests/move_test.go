@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/ipc"
@@ -99,6 +101,7 @@ func TestMoveRunningVM(t *testing.T) {
 	envs := map[*aggregator.Aggregator]*env{a.agg: a, b.agg: b}
 	hops := []*env{b, a, b, a, b}
 	var lastLeft []uint64
+	lastLeftSlot := -1
 	for i, to := range hops {
 		// Let it compute on this board first.
 		bells := v.Counters().Doorbells
@@ -129,7 +132,7 @@ func TestMoveRunningVM(t *testing.T) {
 			t.Fatalf("hop %d: the board it left still lists it", i)
 		}
 		if from == a {
-			lastLeft = left
+			lastLeft, lastLeftSlot = left, fromSlot
 		}
 	}
 	if mover.exited() {
@@ -137,8 +140,19 @@ func TestMoveRunningVM(t *testing.T) {
 	}
 	// The next tenant of the slot the mover last left on board a reads
 	// zeros where the mover's data was.
-	next := a.connect(t, "next", 30, "fv-naive")
-	nv := a.vgpu("next")
+	// Slots are taken lowest first: the honest VM may have finished and
+	// freed slot 0 by now, so tenants take the free slots below the one the
+	// mover left until one lands in it (the canary's slot is above).
+	var next *devmodel.Device
+	var nv *aggregator.VGPU
+	for k := 0; k < maxVMs; k++ {
+		name := fmt.Sprintf("next%d", k)
+		next = a.connect(t, name, uint32(30+k), "fv-naive")
+		nv = a.vgpu(name)
+		if nv.Info().Slot == lastLeftSlot {
+			break
+		}
+	}
 	r := raw{next}
 	base := a.layout.Slots[nv.Info().Slot].VRAM.Base
 	checked := 0
