@@ -384,39 +384,14 @@ func (v *VGPU) leaveBoard(src *Aggregator, chans []int) (string, error) {
 	for i := range v.chans {
 		v.chans[i].running, v.chans[i].inList = false, false
 	}
-	src.faults.collect()
-	for _, p := range chans {
-		src.faults.unbind(p)
-		src.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
-		src.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
-	}
-	var errs []error
-	for i := range v.chans {
-		errs = append(errs, v.unmapPollPage(i))
-	}
-	for _, b := range v.bars {
-		errs = append(errs, b.clear())
-	}
-	src.faults.unbindBARs(v)
-	if r := v.remap; r != nil {
-		for i := range r.entries {
-			r.set(i, 0) // every aperture access traps, and waits for the move
-		}
+	v.ctr.carried.add(v.shadows.Counters())
+	errs := v.dropPhysicalState(src, chans)
+	if v.remap != nil {
 		v.remapOff = true
 		// A remapped access the device model began before its entry was
 		// cleared lands in the old slice within an access time; let it
 		// land before the copy (docs/design.md, "Moving a vGPU").
 		time.Sleep(moveRemapDrain)
-	}
-	v.ctr.carried.add(v.shadows.Counters())
-	for _, b := range v.bars {
-		v.ctr.carried.add(b.sp.Totals())
-	}
-	for i := range v.chans {
-		if c := &v.chans[i]; c.sh != nil {
-			errs = append(errs, c.sh.Close())
-			c.sh = nil
-		}
 	}
 	errs = append(errs, v.shadows.Close())
 	v.reclaim()

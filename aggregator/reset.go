@@ -94,37 +94,11 @@ func (v *VGPU) reset() (failed string, err error) {
 		errs = append(errs, fmt.Errorf("stop channels: %w", serr))
 	}
 	// Deliver what the stopped channels reported, then drop their routes:
-	// nothing of the old state reaches the guest after the reset.
-	a.faults.collect()
-	for _, p := range chans {
-		a.faults.unbind(p)
-		a.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
-		a.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
-	}
-	for i := range v.chans {
-		errs = append(errs, v.unmapPollPage(i))
-	}
-	for _, b := range v.bars {
-		errs = append(errs, b.clear())
-	}
-	a.faults.unbindBARs(v)
-	if r := v.remap; r != nil {
-		for i := range r.entries {
-			r.set(i, 0) // every aperture page traps until the guest maps it again
-		}
-	}
-	// The shadows go (channel spaces, PV tables and handles, BAR spaces),
+	// nothing of the old state reaches the guest after the reset. The
+	// shadows go (channel spaces, PV tables and handles, BAR spaces),
 	// freed after the TLB flushes that make that safe (reclaim). The
 	// manager stays (VGPUs and the counters read it); it starts afresh.
-	for _, b := range v.bars {
-		v.ctr.carried.add(b.sp.Totals())
-	}
-	for i := range v.chans {
-		if c := &v.chans[i]; c.sh != nil {
-			errs = append(errs, c.sh.Close())
-			c.sh = nil
-		}
-	}
+	errs = append(errs, v.dropPhysicalState(a, chans)...)
 	errs = append(errs, v.shadows.Reset())
 	v.reclaim()
 	if err := errors.Join(errs...); err != nil {

@@ -411,3 +411,41 @@ func (v *VGPU) setPlace(a *Aggregator, slot Slot) {
 	v.log = a.log.With("vgpu", v.ID, "board", a.opts.Board, "slot", slot.Index, "domid", v.Guest.DomID, "name", v.Guest.Name)
 	v.placeMu.Unlock()
 }
+
+// dropPhysicalState is what a reset and a move both do once v's channels
+// (the physical ones in chans) are stopped: deliver what they reported and
+// drop their routes and instance words, unmap the poll pages and BAR
+// slices, set every remap entry back to trap, and close the channels'
+// shadows (their memory retired, freed by the caller's reclaim), the BAR
+// spaces' scan totals carried into the counters. Called with v.mu held.
+func (v *VGPU) dropPhysicalState(a *Aggregator, chans []int) []error {
+	a.faults.collect()
+	for _, p := range chans {
+		a.faults.unbind(p)
+		a.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanInst(p)), 0)
+		a.gpu.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(p)), 0)
+	}
+	var errs []error
+	for i := range v.chans {
+		errs = append(errs, v.unmapPollPage(i))
+	}
+	for _, b := range v.bars {
+		errs = append(errs, b.clear())
+	}
+	a.faults.unbindBARs(v)
+	if r := v.remap; r != nil {
+		for i := range r.entries {
+			r.set(i, 0) // every aperture access traps
+		}
+	}
+	for _, b := range v.bars {
+		v.ctr.carried.add(b.sp.Totals())
+	}
+	for i := range v.chans {
+		if c := &v.chans[i]; c.sh != nil {
+			errs = append(errs, c.sh.Close())
+			c.sh = nil
+		}
+	}
+	return errs
+}
