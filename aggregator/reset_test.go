@@ -410,3 +410,53 @@ func TestResetWedgedChannel(t *testing.T) {
 		t.Errorf("the destroyed vGPU still takes writes: %v", err)
 	}
 }
+
+// TestResetBetweenFenceAndReadBack: the operator resets a vGPU after the
+// guest's kernel passed its fence and before the guest reads the result
+// back through BAR1. The read-back reads the fresh GPU, so the run fails
+// verification without any wait having seen the reset; the driver must
+// then read as reset (ResetDetected) — the sign a caller uses to make the
+// run again (bench's Recover) rather than report a wrong result — and
+// after its Reset the same workload verifies.
+func TestResetBetweenFenceAndReadBack(t *testing.T) {
+	agg, _ := newTestAggregator(t, 1)
+	g := startGuest(t, agg, "reset-me", "fv-optimized")
+	w, err := workloads.New("madd", smallParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resets := 0
+	drv := workloads.Observe(gdev.Nouveau(g.dev), func(phase string) {
+		if phase == workloads.PhaseLaunch && resets == 0 {
+			resets++
+			if err := agg.Reset(g.v, "test: between fence and read-back"); err != nil {
+				t.Errorf("reset: %v", err)
+			}
+		}
+	})
+	_, err = w.Run(drv)
+	if resets != 1 {
+		t.Fatalf("the run never ended its launch phase (%v): the reset was not made where the test needs it", err)
+	}
+	switch {
+	case err == nil:
+		t.Fatal("a result read back after the reset verified: the read-back did not read the reset GPU")
+	case errors.Is(err, nouveau.ErrDeviceReset):
+		// A driver that notices at read-back is as good.
+		t.Logf("the run noticed the reset itself: %v", err)
+	case errors.Is(err, workloads.ErrVerify):
+		if !g.dev.ResetDetected() {
+			t.Fatalf("the run failed verification (%v) but the driver does not read the GPU as reset: a caller would report a wrong result", err)
+		}
+		t.Logf("the run failed verification and the GPU reads as reset: %v", err)
+	default:
+		t.Fatalf("run across the reset: %v, want a verification failure or ErrDeviceReset", err)
+	}
+	if err := g.dev.Reset(); err != nil {
+		t.Fatalf("driver re-init: %v", err)
+	}
+	if g.dev.ResetDetected() {
+		t.Error("the driver still reads the GPU as reset after re-initialising it")
+	}
+	verifiedWork(t, g)
+}

@@ -51,9 +51,12 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 	if opts.Recover == nil {
 		// A reset of the vGPU under a run (the operator's gpuvm vgpu
 		// reset) is recovered from as a guest OS would: the driver
-		// re-initialises and the run is made again.
+		// re-initialises and the run is made again. A run the reset
+		// caught between its last fence and its read-back through BAR1
+		// reads the fresh GPU's memory and fails verification rather than
+		// with ErrDeviceReset: it is made again if the GPU reads as reset.
 		opts.Recover = func(err error) bool {
-			if !errors.Is(err, nouveau.ErrDeviceReset) {
+			if !errors.Is(err, nouveau.ErrDeviceReset) && !(errors.Is(err, workloads.ErrVerify) && drv.ResetDetected()) {
 				return false
 			}
 			return drv.Reset() == nil

@@ -46,6 +46,13 @@ func (d *Device) current(gen uint64) bool { return d.gen.Load() == gen }
 // driver re-initialised yet.
 func (d *Device) orphaned(gen uint64) bool { return !d.current(gen) || d.resetDetected() }
 
+// ResetDetected reports whether the GPU reads as reset since the driver
+// last brought it up (Open or Reset). A caller whose results did not
+// verify asks it: data read back through BAR1 after a reset it had not
+// yet noticed is the fresh GPU's, not its own, and the work is to be made
+// again after Reset rather than reported as wrong.
+func (d *Device) ResetDetected() bool { return d.resetDetected() }
+
 // resetDetected reports whether the GPU reads as reset: PMC_ENABLE at its
 // power-on value although Open enabled the engines (all-ones: the device
 // is gone, which is not a reset).
