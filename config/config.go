@@ -254,6 +254,12 @@ type DaemonConfig struct {
 	// Placement is how VMs are placed on several boards: "spread" or
 	// "pack" (package host).
 	Placement string `toml:"placement"`
+	// Balance is the load balancer: "off" or "load"; BalanceInterval,
+	// BalanceThreshold and BalanceHold tune it (balance.go).
+	Balance          string   `toml:"balance"`
+	BalanceInterval  Duration `toml:"balance_interval"`
+	BalanceThreshold float64  `toml:"balance_threshold"`
+	BalanceHold      Duration `toml:"balance_hold"`
 }
 
 // PartitionConfig is the [partition] table: what each VM slot gets.
@@ -374,11 +380,15 @@ func Default() Config {
 			Timing:        TimingNone,
 		},
 		Daemon: DaemonConfig{
-			Socket:        filepath.Join(DefaultSocketDir(), "gpuvm.sock"),
-			ControlSocket: filepath.Join(DefaultSocketDir(), "control.sock"),
-			MaxVMs:        8,
-			LogLevel:      LogInfo,
-			Placement:     "spread",
+			Socket:           filepath.Join(DefaultSocketDir(), "gpuvm.sock"),
+			ControlSocket:    filepath.Join(DefaultSocketDir(), "control.sock"),
+			MaxVMs:           8,
+			LogLevel:         LogInfo,
+			Placement:        "spread",
+			Balance:          BalanceOff,
+			BalanceInterval:  Duration{DefaultBalanceInterval},
+			BalanceThreshold: DefaultBalanceThreshold,
+			BalanceHold:      Duration{DefaultBalanceHold},
 		},
 		Partition: PartitionConfig{
 			VRAMPerVM:     512 * MiB,

@@ -85,6 +85,10 @@ func (d *decoder) document(doc map[string]any) {
 			{"max_vms", setInt(&c.Daemon.MaxVMs)},
 			{"log_level", setString(&c.Daemon.LogLevel)},
 			{"placement", setString(&c.Daemon.Placement)},
+			{"balance", setString(&c.Daemon.Balance)},
+			{"balance_interval", setDuration(&c.Daemon.BalanceInterval)},
+			{"balance_threshold", setFloat(&c.Daemon.BalanceThreshold)},
+			{"balance_hold", setDuration(&c.Daemon.BalanceHold)},
 		})},
 		{"partition", d.table("partition", []field{
 			{"vram_per_vm", setSize(&c.Partition.VRAMPerVM)},

@@ -114,6 +114,7 @@ func (c Config) validate(skip map[string]bool) error {
 	c.validateBoards(v)
 	c.validateVMBoards(v)
 	c.validateDaemon(v)
+	c.validateBalance(v)
 	c.validatePartition(v)
 	c.validateScheduler(v)
 	c.validateMetrics(v)

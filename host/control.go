@@ -83,7 +83,8 @@ func (h *Host) SetState(name string, s State) error {
 //	POST   /v1/boards/{name}/uncordon   put it back
 //	POST   /v1/boards/{name}/drain      cordon it and move every vGPU that can move to the other boards
 //	POST   /v1/boards/{name}/fail       make it fall off the bus (with Options.FaultInjection only)
-//	GET    /v1/placements               the latest placement decisions and why
+//	GET    /v1/placements               the latest placement decisions and moves, and why
+//	GET    /v1/balance                  the load balancer: settings, moves, holds, its latest looks
 //	GET    /v1/layout                   the layout, on a host of one board
 //	GET    /v1/types                    the profiles and how many more of each fit, all boards
 //	GET|PUT|DELETE /v1/domains[/{domid}] settings for domains not connected yet
@@ -150,6 +151,7 @@ func (h *Host) ControlHandler() http.Handler {
 	mux.HandleFunc("GET /v1/placements", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, h.Decisions())
 	})
+	mux.HandleFunc("GET /v1/balance", h.serveBalance)
 	mux.HandleFunc("GET /v1/layout", func(w http.ResponseWriter, r *http.Request) {
 		if len(h.boards) != 1 {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(

@@ -62,7 +62,7 @@ func (h *Host) Drain(ctx context.Context, name string) (DrainResult, error) {
 			continue
 		}
 		mctx, cancel := context.WithTimeout(ctx, moveTimeout)
-		res, err := h.Move(mctx, v.ID, to.Name)
+		res, err := h.move(mctx, v.ID, to.Name, KindMove, "a drain of board "+name)
 		cancel()
 		if err != nil {
 			r.Left = append(r.Left, DrainLeft{ID: v.ID, Name: v.Guest.Name, Reason: err.Error()})

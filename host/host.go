@@ -63,6 +63,9 @@ type Options struct {
 	// Placement names the placement policy: PlaceSpread ("" too) or
 	// PlacePack.
 	Placement string
+	// Balance configures the load balancer (off unless its Policy is
+	// BalanceLoad).
+	Balance BalanceOptions
 	// FaultInjection lets the control API make a board fall off the bus
 	// (POST /v1/boards/NAME/fail): a test facility, off in production.
 	FaultInjection bool
@@ -77,6 +80,7 @@ type Host struct {
 	opts   Options
 	log    *slog.Logger
 	load   *loadMeter
+	bal    *balancer
 
 	mu        sync.Mutex
 	decisions []Decision // the latest, oldest first, at most maxDecisions
@@ -112,8 +116,14 @@ func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error)
 	default:
 		return nil, fmt.Errorf("host: unknown placement %q (have %v)", opts.Placement, Placements())
 	}
-	return &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)),
-		pending: map[uint32]aggregator.DomainSettings{}}, nil
+	bal, err := newBalancer(opts.Balance)
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)), bal: bal,
+		pending: map[uint32]aggregator.DomainSettings{}}
+	h.startBalancer()
+	return h, nil
 }
 
 // Boards returns the host's boards in configuration order.
@@ -174,8 +184,9 @@ func (h *Host) serve(ctx context.Context, p *ipc.Pending) {
 	b.Agg.ServeConn(ctx, p)
 }
 
-// Close closes every board's aggregator.
+// Close stops the load balancer and closes every board's aggregator.
 func (h *Host) Close() error {
+	h.stopBalancer()
 	var errs []error
 	for _, b := range h.boards {
 		if err := b.Agg.Close(); err != nil {

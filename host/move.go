@@ -35,6 +35,12 @@ var ErrMoveRefused = errors.New("move refused")
 // failed), and a guest pinned to a board stays there. Moves are recorded
 // with the placement decisions.
 func (h *Host) Move(ctx context.Context, id int, toBoard string) (MoveResult, error) {
+	return h.move(ctx, id, toBoard, KindMove, "the operator")
+}
+
+// move is Move, recorded as a decision of kind, made by by (the operator,
+// a drain, the load balancer and its reason).
+func (h *Host) move(ctx context.Context, id int, toBoard, kind, by string) (MoveResult, error) {
 	r := MoveResult{ID: id, ToBoard: toBoard}
 	from, v := h.Lookup(id)
 	if v == nil {
@@ -56,11 +62,11 @@ func (h *Host) Move(ctx context.Context, id int, toBoard string) (MoveResult, er
 	st, err := aggregator.Move(ctx, v, to.Agg)
 	r.FromSlot, r.ToSlot = st.FromSlot, st.ToSlot
 	r.BytesCopied, r.DowntimeNs, r.CopyNs = st.Bytes, int64(st.Downtime), int64(st.Copy)
-	d := Decision{Time: time.Now(), DomID: v.Guest.DomID, Name: v.Guest.Name, Board: toBoard,
-		Reason: fmt.Sprintf("moved by the operator from board %s slot %d to slot %d (%d KiB copied, paused %v)",
-			from.Name, st.FromSlot, st.ToSlot, st.Bytes>>10, st.Downtime.Round(time.Microsecond))}
+	d := Decision{Time: time.Now(), Kind: kind, DomID: v.Guest.DomID, Name: v.Guest.Name, Board: toBoard,
+		Reason: fmt.Sprintf("moved by %s from board %s slot %d to slot %d (%d KiB copied, paused %v)",
+			by, from.Name, st.FromSlot, st.ToSlot, st.Bytes>>10, st.Downtime.Round(time.Microsecond))}
 	if err != nil {
-		d.Board, d.Reason = "", fmt.Sprintf("move of vGPU %d from board %s to %s failed: %v", id, from.Name, toBoard, err)
+		d.Board, d.Reason = "", fmt.Sprintf("move of vGPU %d from board %s to %s by %s failed: %v", id, from.Name, toBoard, by, err)
 	}
 	h.record(d)
 	return r, err

@@ -60,9 +60,22 @@ type Candidate struct {
 	Excluded string `json:"excluded,omitempty"`
 }
 
-// Decision is one placement: where a VM went, or why it went nowhere.
+// Decision kinds: what made a decision.
+const (
+	// KindPlace is a VM placed as it connected (or refused).
+	KindPlace = "place"
+	// KindMove is a move the operator asked for, or a drain made.
+	KindMove = "move"
+	// KindBalance is a move the load balancer made (balance.go).
+	KindBalance = "balance"
+)
+
+// Decision is one placement: where a VM went, or why it went nowhere; or
+// one move of a running vGPU to a board.
 type Decision struct {
-	Time       time.Time   `json:"time"`
+	Time time.Time `json:"time"`
+	// Kind says what decided: KindPlace, KindMove or KindBalance.
+	Kind       string      `json:"kind"`
 	DomID      uint32      `json:"domid"`
 	Name       string      `json:"name"`
 	Board      string      `json:"board,omitempty"` // "": refused
@@ -87,7 +100,7 @@ func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
 	}
 	states := h.states()
 	loads := h.load.sample(h.boards, time.Now())
-	d := Decision{Time: time.Now(), DomID: g.DomID, Name: g.Name}
+	d := Decision{Time: time.Now(), Kind: KindPlace, DomID: g.DomID, Name: g.Name}
 	var fit []int
 	for i, b := range h.boards {
 		c := h.candidate(b, states[i], loads[i])
@@ -195,9 +208,9 @@ func (h *Host) names() []string {
 // record logs d and keeps it.
 func (h *Host) record(d Decision) {
 	if d.Board == "" {
-		h.log.Warn("placement refused", "domid", d.DomID, "name", d.Name, "reason", d.Reason)
+		h.log.Warn("placement refused", "kind", d.Kind, "domid", d.DomID, "name", d.Name, "reason", d.Reason)
 	} else {
-		h.log.Info("placed", "domid", d.DomID, "name", d.Name, "board", d.Board, "reason", d.Reason)
+		h.log.Info("placed", "kind", d.Kind, "domid", d.DomID, "name", d.Name, "board", d.Board, "reason", d.Reason)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -214,9 +227,16 @@ func (h *Host) Decisions() []Decision {
 	return slices.Clone(h.decisions)
 }
 
-// loadMeter turns each board's cumulative GPU time (the sum of its vGPUs'
-// scheduler accounts) into the share of wall time it was busy over the last
-// loadWindow.
+// loadMeter turns each vGPU's cumulative GPU time (its scheduler account)
+// into the share of wall time it kept its board busy over the last
+// loadWindow, and each board's load into the sum of its vGPUs' (at most 1).
+// Placement compares the boards' figures, the balancer (balance.go) the
+// boards' and their vGPUs'.
+//
+// Only the vGPUs on a board now count for it: one that detached or moved
+// away takes its GPU time with it, and one that arrived counts from its new
+// account (which starts at zero on attach and on a move), so a board's load
+// follows what its tenants use now, not who used it before.
 type loadMeter struct {
 	mu      sync.Mutex
 	samples [][]loadSample // by board, oldest first
@@ -224,7 +244,14 @@ type loadMeter struct {
 
 type loadSample struct {
 	at  time.Time
-	gpu time.Duration
+	gpu map[*aggregator.VGPU]time.Duration // each vGPU's GPU time then
+}
+
+// boardLoad is one board's figures over the window: its load and each of
+// its vGPUs' (the same unit: a share of wall time, 0..1).
+type boardLoad struct {
+	load  float64
+	vgpus map[*aggregator.VGPU]float64
 }
 
 func newLoadMeter(boards int) *loadMeter {
@@ -233,20 +260,29 @@ func newLoadMeter(boards int) *loadMeter {
 
 // sample records every board's GPU time at now and returns each board's
 // load over the window ending now (0 until two samples span some time).
-// A vGPU that detached takes its GPU time with it: a board whose total
-// fell counts as idle over that window.
 func (m *loadMeter) sample(boards []*Board, now time.Time) []float64 {
-	totals := make([]time.Duration, len(boards))
+	ls := m.measure(boards, now)
+	loads := make([]float64, len(ls))
+	for i, l := range ls {
+		loads[i] = l.load
+	}
+	return loads
+}
+
+// measure is sample with each vGPU's figure too.
+func (m *loadMeter) measure(boards []*Board, now time.Time) []boardLoad {
+	cur := make([]map[*aggregator.VGPU]time.Duration, len(boards))
 	for i, b := range boards {
-		for _, s := range b.Agg.SchedStats() {
-			totals[i] += s.GPUTime
+		cur[i] = map[*aggregator.VGPU]time.Duration{}
+		for v, s := range b.Agg.SchedStats() {
+			cur[i][v] = s.GPUTime
 		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	loads := make([]float64, len(boards))
+	out := make([]boardLoad, len(boards))
 	for i := range boards {
-		ss := append(m.samples[i], loadSample{now, totals[i]})
+		ss := append(m.samples[i], loadSample{now, cur[i]})
 		// Keep one sample at or before the window's start, and the rest.
 		for len(ss) > 2 && !ss[1].at.After(now.Add(-loadWindow)) {
 			ss = ss[1:]
@@ -255,10 +291,33 @@ func (m *loadMeter) sample(boards []*Board, now time.Time) []float64 {
 			ss = ss[len(ss)-64:]
 		}
 		m.samples[i] = ss
-		first := ss[0]
-		if span := now.Sub(first.at); span > 0 && totals[i] > first.gpu {
-			loads[i] = min(float64(totals[i]-first.gpu)/float64(span), 1)
+		out[i] = boardLoad{vgpus: make(map[*aggregator.VGPU]float64, len(cur[i]))}
+		span := now.Sub(ss[0].at)
+		if span <= 0 {
+			continue
 		}
+		var sum time.Duration
+		for v, gpu := range cur[i] {
+			used := gpu - since(ss, v)
+			sum += used
+			out[i].vgpus[v] = min(float64(used)/float64(span), 1)
+		}
+		out[i].load = min(float64(sum)/float64(span), 1)
 	}
-	return loads
+	return out
+}
+
+// since is v's GPU time at the window's start: its figure in the oldest
+// sample if it has been on the board, its account growing, in every sample
+// since; 0 if it arrived (a new account) after one of them.
+func since(ss []loadSample, v *aggregator.VGPU) time.Duration {
+	next := ss[len(ss)-1].gpu[v]
+	for j := len(ss) - 2; j >= 0; j-- {
+		g, ok := ss[j].gpu[v]
+		if !ok || g > next {
+			return 0
+		}
+		next = g
+	}
+	return next
 }

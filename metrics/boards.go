@@ -12,9 +12,16 @@ type BoardSource interface {
 	BoardInfos() []host.BoardInfo
 }
 
-// boardDescs are the per-board metrics.
+// BalanceSource is a BoardSource with a load balancer (package host): the
+// collector then also counts its moves.
+type BalanceSource interface {
+	BalanceMoves() uint64
+}
+
+// boardDescs are the per-board metrics, and the balancer's.
 type boardDescs struct {
 	info, load, queued, slots *prometheus.Desc
+	balanceMoves              *prometheus.Desc
 }
 
 func newBoardDescs() boardDescs {
@@ -26,11 +33,13 @@ func newBoardDescs() boardDescs {
 		load:   d("load_ratio", "The share of the board's time its vGPUs' submissions used over the last 2 s."),
 		queued: d("queued_submissions", "Submissions waiting for the board now."),
 		slots:  d("slots", "vGPU slots of the board, by state.", "state"),
+		balanceMoves: prometheus.NewDesc("gpuvm_balance_moves_total",
+			"vGPUs the load balancer ([daemon] balance) moved between boards.", nil, nil),
 	}
 }
 
 func (b boardDescs) describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{b.info, b.load, b.queued, b.slots} {
+	for _, d := range []*prometheus.Desc{b.info, b.load, b.queued, b.slots, b.balanceMoves} {
 		ch <- d
 	}
 }
@@ -50,5 +59,8 @@ func (b boardDescs) collect(ch chan<- prometheus.Metric, src Source) {
 		g(b.slots, float64(i.Used), i.Name, "used")
 		g(b.slots, float64(i.Free), i.Name, "free")
 		g(b.slots, float64(i.OutOfService), i.Name, "out_of_service")
+	}
+	if bal, ok := src.(BalanceSource); ok {
+		ch <- prometheus.MustNewConstMetric(b.balanceMoves, prometheus.CounterValue, float64(bal.BalanceMoves()))
 	}
 }

@@ -53,6 +53,9 @@ func TestBoardMetrics(t *testing.T) {
 	if got := value(fams, "gpuvm_board_info", map[string]string{"board": "fast", "state": "active"}); got != 1 {
 		t.Errorf("fast's info: %v", got)
 	}
+	if got := value(fams, "gpuvm_balance_moves_total", nil); got != 0 {
+		t.Errorf("balance moves with the balancer off: %v", got)
+	}
 	boards[0].FailBus()
 	deadline := time.Now().Add(time.Minute) // a hang guard
 	for lost, _ := boards[0].Agg.Lost(); !lost; lost, _ = boards[0].Agg.Lost() {

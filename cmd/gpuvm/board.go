@@ -76,7 +76,8 @@ func boardCommand() *cli.Command {
 			"slot, the one its [[vm]] entry pins), then the least loaded, the fewest submissions\n" +
 			"queued, the least weight placed, configuration order (docs/design.md, \"Several boards\").\n" +
 			"[daemon] placement = \"pack\" fills boards in order instead. gpuvm vgpu move ID --to BOARD\n" +
-			"moves one running vGPU; drain moves every one that can move off a board.",
+			"moves one running vGPU; drain moves every one that can move off a board. [daemon] balance =\n" +
+			"\"load\" moves vGPUs from the busiest board to the least loaded one as they run.",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every board: state, slots, load over the last 2 s, queued submissions, weight placed",
 				Flags: []cli.Flag{ctl, jsonFlag}, Action: func(c *cli.Context) error {
@@ -155,9 +156,18 @@ func boardCommand() *cli.Command {
 				}},
 			{Name: "fail", Usage: "make a simulated board fall off the bus (needs gpuvm serve --fault-injection): its vGPUs are lost, the others carry on",
 				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("fail")},
-			{Name: "placements", Usage: "the latest placement decisions, each with every board's figures and the reason (JSON)", Flags: []cli.Flag{ctl},
+			{Name: "placements", Usage: "the latest placement decisions and moves (kind place, move or balance), each with every board's figures and the reason (JSON)", Flags: []cli.Flag{ctl},
 				Action: func(c *cli.Context) error {
 					body, err := controlDo(c, http.MethodGet, "/v1/placements")
+					if err != nil {
+						return err
+					}
+					_, err = c.App.Writer.Write(body)
+					return err
+				}},
+			{Name: "balance", Usage: "the load balancer ([daemon] balance): its settings, moves, the vGPUs it holds, and its latest looks, each with the reason (JSON)", Flags: []cli.Flag{ctl},
+				Action: func(c *cli.Context) error {
+					body, err := controlDo(c, http.MethodGet, "/v1/balance")
 					if err != nil {
 						return err
 					}

@@ -105,8 +105,12 @@ board = "small"
 	if err := json.Unmarshal([]byte(body), &decisions); err != nil {
 		t.Fatalf("placements: %v\n%s", err, body)
 	}
-	if len(decisions) != 4 || decisions[0].Board != "small" || decisions[2].Board != "small" || decisions[3].Board != "" {
+	if len(decisions) != 4 || decisions[0].Board != "small" || decisions[2].Board != "small" || decisions[3].Board != "" ||
+		decisions[0].Kind != host.KindPlace || decisions[2].Kind != host.KindMove || !strings.Contains(decisions[2].Reason, "a drain of board big") {
 		t.Fatalf("placements: %+v", decisions)
+	}
+	if out, _, err := runApp(t, "board", "balance", "--control-socket", ctl); err != nil || !strings.Contains(out, `"policy": "off"`) {
+		t.Fatalf("board balance (off by default): %v\n%s", err, out)
 	}
 	if _, _, err := runApp(t, "board", "cordon", "nope", "--control-socket", ctl); err == nil {
 		t.Fatal("cordoned a board that does not exist")

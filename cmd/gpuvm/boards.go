@@ -76,6 +76,9 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 		closers = closers[:len(closers)-1] // the host closes it, after its aggregator
 		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
 	}
-	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: cfg.Daemon.Placement,
-		Pin: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Board }})
+	d := cfg.Daemon
+	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: d.Placement,
+		Pin: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Board },
+		Balance: host.BalanceOptions{Policy: d.Balance, Interval: d.BalanceInterval.Duration, Threshold: d.BalanceThreshold,
+			Hold: d.BalanceHold.Duration}})
 }
