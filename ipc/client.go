@@ -53,6 +53,8 @@ type Client struct {
 	// hold it shared; Close takes it to unmap (irq.go).
 	irqMu sync.RWMutex
 
+	rm remapClient // remap updates (remap.go)
+
 	dead      atomic.Bool
 	errMu     sync.Mutex
 	err       error
@@ -279,12 +281,28 @@ func (c *Client) fail(err error) error {
 	return err
 }
 
-// watch runs in shm mode: the only thing the server sends on the socket after
-// the Welcome is a Bye, and EOF means it is gone.
+// watch runs in shm mode: after the Welcome the server sends on the socket
+// only remap updates (remap.go) and a final Bye, and EOF means it is gone.
 func (c *Client) watch() {
 	defer close(c.watchDone)
 	var b [maxPacket]byte
-	n, err := c.conn.Read(b[:])
+	oob := make([]byte, unix.CmsgSpace(4*(1+MaxExtraFiles)))
+	var n int
+	var err error
+	for {
+		var oobn, flags int
+		n, oobn, flags, _, err = c.conn.ReadMsgUnix(b[:], oob)
+		files, ferr := recvFiles(oob[:oobn], flags)
+		if err == nil && n > 0 && flags&unix.MSG_TRUNC == 0 && peekType(b[:n]) == msgRemapUpdate && !c.dead.Load() {
+			if err := c.remapUpdate(b[:n], files, ferr); err != nil {
+				c.fail(err)
+				return
+			}
+			continue
+		}
+		closeFiles(files)
+		break
+	}
 	switch {
 	case err == nil && n > 0 && peekType(b[:n]) == msgBye:
 		if reason, derr := decodeReason(b[:n], msgBye); derr == nil {

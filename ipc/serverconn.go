@@ -48,6 +48,7 @@ type ServerConn struct {
 	stopErr  error  // first reason to stop
 	unmapped bool   // Close released the ring
 	irqs     uint64 // virtual interrupts raised (irq.go)
+	rm       remapServer
 	stopped  atomic.Bool
 	done     chan struct{} // closed when Serve returns
 	closeErr error

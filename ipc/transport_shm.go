@@ -7,28 +7,42 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// watchSocket runs in shm mode: the socket carries nothing after the
-// handshake, so any data is a violation and EOF means the peer is gone.
+// watchSocket runs in shm mode: after the handshake the socket carries
+// only the client's remap acknowledgements (remap.go), so any other data is
+// a violation and EOF means the peer is gone.
 func (s *ServerConn) watchSocket(done chan<- struct{}) {
 	defer close(done)
 	var b [maxPacket]byte
 	var oob [64]byte
-	n, oobn, flags, _, err := s.conn.ReadMsgUnix(b[:], oob[:])
-	if oobn > 0 {
-		files, _ := recvFiles(oob[:oobn], flags)
-		closeFiles(files)
-	}
-	switch {
-	case s.stopped.Load():
-		s.stop(nil)
-	case err != nil && !isEOF(err):
-		s.stop(fmt.Errorf("ipc: socket: %w", err))
-	case err != nil || n == 0:
-		s.stop(peerClosed(err))
-	default:
-		s.stop(violationf("unexpected %d-byte message on the socket in shm mode", n))
+	for {
+		n, oobn, flags, _, err := s.conn.ReadMsgUnix(b[:], oob[:])
+		if oobn > 0 {
+			files, _ := recvFiles(oob[:oobn], flags)
+			closeFiles(files)
+		}
+		switch {
+		case s.stopped.Load():
+			s.stop(nil)
+		case err != nil && !isEOF(err):
+			s.stop(fmt.Errorf("ipc: socket: %w", err))
+		case err != nil || n == 0:
+			s.stop(peerClosed(err))
+		case peekType(b[:n]) == msgRemapAck && (oobn > 0 || flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0):
+			s.stop(violationf("remap ack carries ancillary data or is oversized"))
+		case peekType(b[:n]) == msgRemapAck:
+			if err := s.remapAcked(b[:n]); err != nil {
+				s.stop(err)
+				return
+			}
+			continue
+		default:
+			s.stop(violationf("unexpected %d-byte message on the socket in shm mode", n))
+		}
+		return
 	}
 }
 

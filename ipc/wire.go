@@ -395,6 +395,10 @@ func msgName(t uint16) string {
 		return "reject"
 	case msgBye:
 		return "bye"
+	case msgRemapUpdate:
+		return "remap update"
+	case msgRemapAck:
+		return "remap ack"
 	}
 	return fmt.Sprintf("message type %d", t)
 }
