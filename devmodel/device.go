@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -50,7 +51,13 @@ type Config struct {
 	// guest goes on, as a Xen ioreq for an MMIO write keeps the vCPU
 	// blocked until the device model completes it.
 	PostedWrites bool
-	Logger       *slog.Logger
+	// RemapNoAck is fault injection, for tests of the aggregator's
+	// bound: the device model says it handles remap updates
+	// (docs/protocol.md §6.7) but never answers one, and keeps its
+	// mappings, as a misbehaving device model would. Never set it
+	// otherwise: after a move its vGPU traps every aperture access.
+	RemapNoAck bool
+	Logger     *slog.Logger
 }
 
 // The guest driver finds the vGPU's interrupt line through its MMIO.
@@ -65,13 +72,22 @@ type Device struct {
 	pci     *ConfigSpace
 
 	bar1Size, bar3Size uint64
-	remap              []byte // the aggregator's remap table (read-only), nil without remap
-	slice              []byte // the VM's VRAM slice, with remap
-	bar1Pages          uint64
-	busRead, busWrite  time.Duration // charged per passed-through access
-	bus                *buspipe.Pipe // times passed-through accesses as a bus does
-	trapCost           time.Duration // charged per trapped access
-	posted             bool          // trapped writes are posted
+	// remapMu excludes the aggregator's remap updates (rebind) from
+	// passed-through accesses: an access holds it shared from reading its
+	// table entry until its load or store is done, a remap update holds it
+	// exclusively while it unmaps and maps. remapOn says, without the lock,
+	// whether a table is mapped at all.
+	remapMu           sync.RWMutex
+	remapOn           atomic.Bool
+	remap             []byte // the aggregator's remap table (read-only), nil without remap
+	slice             []byte // the VM's VRAM slice, with remap
+	bar1Pages         uint64
+	busRead, busWrite time.Duration // charged per passed-through access
+	bus               *buspipe.Pipe // times passed-through accesses as a bus does
+	trapCost          time.Duration // charged per trapped access
+	posted            bool          // trapped writes are posted
+	log               *slog.Logger
+	closing           chan struct{} // closed by Close (RemapNoAck's handler waits for it)
 }
 
 // Connect creates the guest RAM, connects to the aggregator and maps what
@@ -80,7 +96,11 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if cfg.Transport == 0 {
 		cfg.Transport = ipc.TransportShm
 	}
-	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites, bus: buspipe.New()}
+	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites, bus: buspipe.New(), log: cfg.Logger,
+		closing: make(chan struct{})}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Close())
@@ -114,8 +134,62 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 		if err := d.mapRemap(extra); err != nil {
 			return d, err
 		}
+		d.remapOn.Store(true)
+		// The aggregator takes the mappings away, and hands new ones,
+		// when it moves the vGPU (docs/protocol.md §6.7). Without this
+		// (the socket transport) a moved vGPU traps every aperture access.
+		if cfg.RemapNoAck {
+			d.client.HandleRemap(func([]*os.File) error {
+				<-d.closing
+				return errors.New("device model closing")
+			})
+		} else {
+			d.client.HandleRemap(d.rebind)
+		}
 	}
 	return d, nil
+}
+
+// rebind carries out a remap update of the aggregator (docs/protocol.md
+// §6.7), on the ipc client's socket reader. Taking remapMu exclusively
+// stops new passed-through accesses (they wait, then find no table and
+// trap) and waits for those under way, which hold it shared only from
+// reading their table entry to completing their load or store; trapped
+// accesses never hold it, so this never waits for the aggregator, which
+// may be holding them until it has the acknowledgement. Then the old table
+// and slice are unmapped and, with files, the new ones mapped. An error
+// means only that the new ones could not be: every aperture access traps.
+func (d *Device) rebind(files []*os.File) error {
+	d.remapMu.Lock()
+	defer d.remapMu.Unlock()
+	d.remapOn.Store(false)
+	if err := d.unmapRemap(); err != nil {
+		// The slices are gone from the access path even so.
+		d.log.Warn("device model: unmapping the old remap files", "err", err)
+	}
+	if len(files) == 0 {
+		return nil
+	}
+	if err := d.mapRemap(files); err != nil {
+		return err
+	}
+	d.remapOn.Store(true)
+	return nil
+}
+
+// unmapRemap unmaps the remap table and the slice. Called with remapMu
+// held exclusively (or by Close, when nothing else runs).
+func (d *Device) unmapRemap() error {
+	var errs []error
+	if d.remap != nil {
+		errs = append(errs, unix.Munmap(d.remap))
+		d.remap = nil
+	}
+	if d.slice != nil {
+		errs = append(errs, unix.Munmap(d.slice))
+		d.slice = nil
+	}
+	return errors.Join(errs...)
 }
 
 // pageParam reads a size parameter: a positive page multiple up to max (the default).
@@ -136,8 +210,14 @@ func (d *Device) param(key string, def, max uint64) uint64 {
 	return v
 }
 
-// mapRemap maps the remap table (read-only) and the VRAM slice.
-func (d *Device) mapRemap(files []*os.File) error {
+// mapRemap maps the remap table (read-only) and the VRAM slice; on error
+// it leaves neither mapped.
+func (d *Device) mapRemap(files []*os.File) (err error) {
+	defer func() {
+		if err != nil {
+			_ = d.unmapRemap()
+		}
+	}()
 	if len(files) != 2 {
 		return fmt.Errorf("device model: remap wants 2 files, got %d", len(files))
 	}
@@ -171,7 +251,8 @@ func (d *Device) mapRemap(files []*os.File) error {
 }
 
 // remapped returns a pointer to the word behind a passed-through aperture
-// offset, or nil if the access must trap.
+// offset, or nil if the access must trap. Called with remapMu held (shared
+// is enough); the pointer is valid while it is held.
 func (d *Device) remapped(bar int, off uint64) *uint32 {
 	if d.remap == nil {
 		return nil
@@ -202,14 +283,25 @@ func (d *Device) remapped(bar int, off uint64) *uint32 {
 	return (*uint32)(unsafe.Pointer(&d.slice[pos]))
 }
 
+// aperture reports whether an access may be passed through: BAR1 or BAR3,
+// with remap tables mapped.
+func (d *Device) aperture(bar int) bool {
+	return (bar == nvc0.BAR1 || bar == nvc0.BAR3) && d.remapOn.Load()
+}
+
 // Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
 func (d *Device) Read32(bar int, off uint64) uint32 {
-	if p := d.remapped(bar, off); p != nil {
-		// The bus cost, as the native driver's port pays it (buspipe).
-		now := d.bus.Now()
-		v := atomic.LoadUint32(p)
-		d.bus.Read(now, int64(d.busRead))
-		return v
+	if d.aperture(bar) {
+		d.remapMu.RLock()
+		if p := d.remapped(bar, off); p != nil {
+			// The bus cost, as the native driver's port pays it (buspipe).
+			now := d.bus.Now()
+			v := atomic.LoadUint32(p)
+			d.remapMu.RUnlock()
+			d.bus.Read(now, int64(d.busRead))
+			return v
+		}
+		d.remapMu.RUnlock()
 	}
 	spin.For(d.trapCost)
 	v, err := d.client.Read32(bar, off)
@@ -221,11 +313,16 @@ func (d *Device) Read32(bar int, off uint64) uint32 {
 
 // Write32 is a guest write of a BAR (gpu.MMIO).
 func (d *Device) Write32(bar int, off uint64, v uint32) {
-	if p := d.remapped(bar, off); p != nil {
-		now := d.bus.Now()
-		atomic.StoreUint32(p, v)
-		d.bus.Write(now, int64(d.busWrite))
-		return
+	if d.aperture(bar) {
+		d.remapMu.RLock()
+		if p := d.remapped(bar, off); p != nil {
+			now := d.bus.Now()
+			atomic.StoreUint32(p, v)
+			d.remapMu.RUnlock()
+			d.bus.Write(now, int64(d.busWrite))
+			return
+		}
+		d.remapMu.RUnlock()
 	}
 	spin.For(d.trapCost)
 	if d.posted {
@@ -286,17 +383,19 @@ func (d *Device) Counters(names []string) (map[string]uint64, error) {
 // Close disconnects (the aggregator then tears the vGPU down) and frees the RAM.
 func (d *Device) Close() error {
 	var errs []error
+	select {
+	case <-d.closing:
+	default:
+		close(d.closing)
+	}
 	if d.client != nil {
 		errs = append(errs, d.client.Close())
 	}
-	if d.remap != nil {
-		errs = append(errs, unix.Munmap(d.remap))
-		d.remap = nil
-	}
-	if d.slice != nil {
-		errs = append(errs, unix.Munmap(d.slice))
-		d.slice = nil
-	}
+	// The client's socket reader, which runs rebind, has stopped.
+	d.remapMu.Lock()
+	d.remapOn.Store(false)
+	errs = append(errs, d.unmapRemap())
+	d.remapMu.Unlock()
 	if d.ram != nil {
 		errs = append(errs, d.ram.Close())
 	}
