@@ -97,6 +97,18 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("move vGPU %d to board %s: %w", v.ID, dst.opts.BoardName, err)
 	}
+	// Its device model lets go of the old slice before anything of it is
+	// copied, and maps the new one once the vGPU runs there — or the old
+	// one again if the move changes nothing (remap_rebind.go). If it does
+	// not answer, every aperture access traps from now on.
+	if err := v.revokeRemap(ctx); err != nil {
+		v.log.Warn("move: remap revoke", "err", err)
+	}
+	defer func() {
+		if err := v.rebindRemap(); err != nil {
+			v.log.Warn("move: remap rebind", "err", err)
+		}
+	}()
 	// Stop releasing the VM's work and let what is in flight end while the
 	// guest still runs (its CPU side: doorbells queue), then pause it.
 	src.disp.hold(v)
@@ -387,11 +399,10 @@ func (v *VGPU) leaveBoard(src *Aggregator, chans []int) (string, error) {
 	v.ctr.carried.add(v.shadows.Counters())
 	errs := v.dropPhysicalState(src, chans)
 	if v.remap != nil {
+		// Move revoked the device model's mapping already: no access of
+		// it reaches the old slice (or it did not answer and traps
+		// everything); rebindRemap turns this off (remap_rebind.go).
 		v.remapOff = true
-		// A remapped access the device model began before its entry was
-		// cleared lands in the old slice within an access time; let it
-		// land before the copy (docs/design.md, "Moving a vGPU").
-		time.Sleep(moveRemapDrain)
 	}
 	errs = append(errs, v.shadows.Close())
 	v.reclaim()
@@ -403,11 +414,6 @@ func (v *VGPU) leaveBoard(src *Aggregator, chans []int) (string, error) {
 	}
 	return "", nil
 }
-
-// moveRemapDrain is how long a move lets remapped accesses already under
-// way land before it copies the slice: orders of magnitude above one
-// access (a memory store), below anything a guest notices in a pause.
-const moveRemapDrain = 2 * time.Millisecond
 
 // copyVRAM copies the pages of from (on src) in use to the slice at base on
 // dst, at the bus DMA rate of each board.

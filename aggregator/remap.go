@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -22,17 +23,36 @@ const RemapValid = 1
 // device model reads and writes it directly in its mapping of the slice. The
 // aggregator creates and seals the memory; the device model maps it read-only.
 //
-// Revocation is not synchronous: an access the device model began under an
-// entry just cleared may still land in the page. That is harmless for
-// isolation — the page is inside the VM's own slice and every shadow entry
-// is validated when built — and for consistency the page tracker marks the
-// revoked page as possibly written (Tracker.Unseen), so the structures in
-// it are rescanned before they are next used.
+// Revoking one entry is not synchronous: an access the device model began
+// under an entry just cleared may still land in the page. That is harmless
+// for isolation — the page is inside the VM's own slice and every shadow
+// entry is validated when built — and for consistency the page tracker
+// marks the revoked page as possibly written (Tracker.Unseen), so the
+// structures in it are rescanned before they are next used. Taking the
+// whole slice away (a move) is synchronous: revokeRemap waits for the
+// device model's acknowledgement (remap_rebind.go).
 type remapTable struct {
 	file    *os.File
 	mem     []byte
 	bar1    int // pages of BAR1 entries (first)
 	entries int
+
+	// What the device model maps, and the exchanges that change it
+	// (remap_rebind.go). op serialises revokeRemap and rebindRemap; the
+	// fields below are under the vGPU's mu.
+	op   sync.Mutex
+	link remapLink // the device model's connection; nil: none
+	// mapped: the device model may hold a mapping of a slice (the
+	// Welcome's, or one a rebind handed it) — until it acknowledges a
+	// revoke.
+	mapped bool
+	// held counts revokeRemap calls not yet matched by rebindRemap:
+	// while it is non-zero every entry stays 0.
+	held int
+	// broken says why remap is off for the rest of the connection (the
+	// device model did not acknowledge, or could not map): every entry
+	// stays 0. "" while it is not.
+	broken string
 }
 
 func newRemapTable(slot Slot) (*remapTable, error) {

@@ -169,6 +169,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		return
 	}
 	v.onHangup(conn.End)
+	v.linkRemap(conn) // remap_rebind.go
 	a.wireIRQ(v, conn)
 	err = conn.Serve(ctx, v)
 	var ended *ipc.EndedError
