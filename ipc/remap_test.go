@@ -36,7 +36,7 @@ func TestRemapUpdate(t *testing.T) {
 		t.Fatalf("update to a client that did not ask: %v", err)
 	}
 	var calls atomic.Int32
-	var sizes [2]int64
+	var sizes [2]atomic.Int64 // the handshake through the socket is invisible to the race detector
 	fail := atomic.Bool{}
 	if !c.HandleRemap(func(files []*os.File) error {
 		calls.Add(1)
@@ -45,7 +45,7 @@ func TestRemapUpdate(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			sizes[i] = st.Size()
+			sizes[i].Store(st.Size())
 		}
 		if fail.Load() {
 			return errors.New("refused")
@@ -62,8 +62,8 @@ func TestRemapUpdate(t *testing.T) {
 		t.Fatalf("revoke: status %d, err %v, %d calls", st, err, calls.Load())
 	}
 	st, err = s.sc.UpdateRemap(updateCtx(t, 5*time.Second), remapFiles(t))
-	if err != nil || st != RemapDone || calls.Load() != 2 || sizes != [2]int64{1 << 20, 2 << 20} {
-		t.Fatalf("rebind: status %d, err %v, %d calls, sizes %v", st, err, calls.Load(), sizes)
+	if err != nil || st != RemapDone || calls.Load() != 2 || sizes[0].Load() != 1<<20 || sizes[1].Load() != 2<<20 {
+		t.Fatalf("rebind: status %d, err %v, %d calls, sizes %d %d", st, err, calls.Load(), sizes[0].Load(), sizes[1].Load())
 	}
 	fail.Store(true)
 	st, err = s.sc.UpdateRemap(updateCtx(t, 5*time.Second), remapFiles(t))
