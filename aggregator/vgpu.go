@@ -103,8 +103,9 @@ type VGPU struct {
 	remapAt uint64 // tracker generation (+1) the remap table was computed at (0: never)
 	// remapStale: a BAR mapping or the poll area changed since.
 	remapStale bool
-	// remapOff: the vGPU moved, and its device model maps the old slot's
-	// memory: every aperture access traps from then on (move.go).
+	// remapOff: every remap entry stays 0 (trap) — a revoke of the device
+	// model's mapping is outstanding (a move), or the device model did not
+	// confirm its mapping and remap is off for good (remap_rebind.go).
 	remapOff bool
 
 	// Guest-visible register state.
