@@ -97,6 +97,10 @@ type remapServer struct {
 	epoch uint32      // the last update sent (0: none yet)
 	want  uint32      // the update awaited (0: none)
 	ack   chan uint32 // its status, once acknowledged
+	// late counts updates given up on and not yet acknowledged: a late
+	// ack is accepted (and ignored) only for one of them, so a client
+	// cannot flood the server with acks.
+	late int
 }
 
 // RemapOffered reports whether UpdateRemap can reach the client: the shm
@@ -140,7 +144,10 @@ func (s *ServerConn) UpdateRemap(ctx context.Context, files []*os.File) (uint32,
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.rm.want, s.rm.ack = 0, nil // a late ack is ignored
+		if s.rm.want == epoch {
+			s.rm.late++ // given up on: its ack may still come, and is ignored
+		}
+		s.rm.want, s.rm.ack = 0, nil
 		s.mu.Unlock()
 	}()
 	var oob []byte
@@ -189,6 +196,10 @@ func (s *ServerConn) remapAcked(b []byte) error {
 		return violationf("remap ack for update %d, last sent %d", epoch, s.rm.epoch)
 	}
 	if epoch != s.rm.want {
+		if s.rm.late == 0 {
+			return violationf("remap ack for update %d, which is not outstanding", epoch)
+		}
+		s.rm.late--
 		s.log.Info("ipc: late remap ack ignored", "epoch", epoch)
 		return nil
 	}

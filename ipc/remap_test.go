@@ -100,6 +100,13 @@ func TestRemapUpdateNoAck(t *testing.T) {
 		t.Fatalf("update after a late ack: status %d, err %v", st, err)
 	}
 	checkHonest(t, c)
+	// One late ack per update given up on; a second one is a flood.
+	if _, err := c.conn.Write(encodeRemapAck(1, RemapDone)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.wait(t); !errors.Is(err, ErrProtocolViolation) {
+		t.Fatalf("a repeated ack: Serve returned %v, want a violation", err)
+	}
 }
 
 // TestRemapAckHostile: acknowledgements the server never asked for, or
