@@ -32,7 +32,9 @@ func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
 	if err := checkAccess(bar, off); err != nil {
 		return 0, err
 	}
-	v.mu.Lock()
+	if err := v.lockResident(); err != nil {
+		return 0, err
+	}
 	defer v.mu.Unlock()
 	if v.dead {
 		return 0, ErrDetached
@@ -54,7 +56,9 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 	if err := checkAccess(bar, off); err != nil {
 		return err
 	}
-	v.mu.Lock()
+	if err := v.lockResident(); err != nil {
+		return err
+	}
 	defer v.mu.Unlock()
 	if v.dead {
 		return ErrDetached

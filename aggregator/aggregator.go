@@ -80,7 +80,19 @@ type Options struct {
 	// its configured name, shown with each vGPU ("": none given).
 	Board     int
 	BoardName string
-	Logger    *slog.Logger
+	// Overcommit lets the board hold vGPUs whose VRAM sums to this many
+	// times its slots' VRAM (0 or 1: no overcommit); the vGPUs beyond its
+	// slots take turns, parked by eviction (evict.go). EvictIdle is how
+	// long a vGPU has no work before it may be evicted (0:
+	// DefaultEvictIdle); RestoreWait bounds how long a parked vGPU's guest
+	// (or an attach) waits for a slot (0: DefaultRestoreWait).
+	// MinResidency is how long a busy vGPU keeps its slot before a waiting
+	// one may take it (0: DefaultMinResidency).
+	Overcommit   float64
+	EvictIdle    time.Duration
+	RestoreWait  time.Duration
+	MinResidency time.Duration
+	Logger       *slog.Logger
 }
 
 // ErrDuplicate is returned when a guest claims the domid or name of a VM
@@ -113,6 +125,9 @@ type Aggregator struct {
 	// domains holds settings a toolstack registered for domains whose
 	// device models have not connected yet (domains.go).
 	domains map[uint32]DomainSettings
+	// parked holds the vGPUs evicted from the board, by id: attached, with
+	// no slot (evict.go).
+	parked map[int]*VGPU
 }
 
 // New takes ownership of the physical GPU: it partitions it and brings up the
@@ -147,7 +162,7 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 		opts.PollInterval = 50 * time.Microsecond
 	}
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget, reg: opts.Registry,
-		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{},
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{}, parked: map[int]*VGPU{},
 		stopped: make(chan struct{})}
 	a.faults = newPhysFaults(g, opts.Logger)
 	a.fecs = fecsCommands()
@@ -212,6 +227,10 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	if err != nil {
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)
 	}
+	var want Slot // what the guest's quota leaves of a slot (overcommit's measure)
+	if a.opts.Overcommit > 1 && len(a.layout.Slots) > 0 {
+		want = a.quotaFor(g).narrow(a.layout.Slots[0], nvc0.LargePageSize, nvc0.PageSize)
+	}
 	a.mu.Lock()
 	slot := -1
 	for i, v := range a.vgpus {
@@ -219,6 +238,21 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 			slot = i
 			break
 		}
+	}
+	if slot < 0 && a.opts.Overcommit > 1 && len(a.layout.Slots) > 0 {
+		// Overcommitted: take a slot another vGPU is evicted from, if
+		// the board's VRAM may be committed that far (evict.go).
+		fits := a.overcommitFits(want.VRAM.Size)
+		a.mu.Unlock()
+		if fits {
+			to, err := a.roomFor(context.Background(), &VGPU{ID: id, Slot: a.layout.Slots[0], Guest: g})
+			if err != nil {
+				a.reg.release(id)
+				return nil, fmt.Errorf("attach %s (domid %d): overcommitted board: %w", g.Name, g.DomID, err)
+			}
+			slot = to.Index
+		}
+		a.mu.Lock()
 	}
 	if slot < 0 {
 		a.mu.Unlock()
@@ -251,6 +285,8 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 		return nil, errors.Join(fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, ErrBoardLost), terr)
 	}
 	a.vgpus[slot] = v
+	v.touch()
+	v.residentSince.Store(time.Now().UnixNano())
 	v.log.Info("vGPU attached", "mode", g.Mode, "vram_mib", v.Slot.VRAM.Size>>20, "channels", v.Slot.Chans)
 	return v, nil
 }
@@ -267,12 +303,19 @@ func (a *Aggregator) Detach(v *VGPU) error {
 		a = cur
 	}
 	a.mu.Lock()
-	if slot := v.Slot.Index; a.vgpus[slot] == v {
+	held := false
+	if slot := v.Slot.Index; slot >= 0 && a.vgpus[slot] == v {
+		held = true
 		a.vgpus[slot] = nil
 		if !clean {
 			a.broken[slot] = fmt.Sprintf("a channel of %s (domid %d) did not stop: %v", v.Guest.Name, v.Guest.DomID, err)
 			v.log.Error("slot out of service", "reason", a.broken[slot])
 		}
+	} else if a.parked[v.ID] == v {
+		held = true
+		delete(a.parked, v.ID)
+	}
+	if held {
 		v.log.Info("vGPU detached", "err", err)
 		delete(a.domains, v.Guest.DomID) // the settings were this vGPU's
 		a.reg.release(v.ID)
@@ -311,6 +354,9 @@ func (a *Aggregator) VGPUs() []*VGPU {
 		if v != nil && v.shadows != nil && v.agg != nil {
 			out = append(out, v)
 		}
+	}
+	for _, v := range a.parked {
+		out = append(out, v)
 	}
 	return out
 }

@@ -64,6 +64,14 @@ func (v *VGPU) VRAMInUse() int64 {
 	if !ok {
 		return -1
 	}
+	if slot.Index < 0 { // parked: what its image holds (evict.go)
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if v.image != nil {
+			return int64(v.image.bytes)
+		}
+		return 0
+	}
 	full := a.layout.Slots[slot.Index].VRAM
 	n, err := r.VRAMResident(full.Base, full.Size)
 	if err != nil {

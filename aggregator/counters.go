@@ -40,6 +40,14 @@ type Counters struct {
 	PVDRMPoolHits         uint64 // pvdrm: GEM_NEW answered from the pool (no new share)
 	Resets                uint64 // resets of the vGPU (function-level reset, control API): reset.go
 	Moves                 uint64 // moves of the vGPU to another slot or board: move.go
+	// Eviction (evict.go). Not in CounterNames: how often a VM is evicted,
+	// and how long it waits, depends on the other VMs of its board, which
+	// its own guest must not read.
+	Evictions     uint64 // times the vGPU was parked to free its slot
+	Restores      uint64 // times it was brought back into a slot
+	EvictedBytes  uint64 // VRAM copied out by its evictions
+	RestoredBytes uint64 // VRAM copied in by its restores
+	RestoreWaitNs uint64 // time its guest waited for a slot to be restored into
 }
 
 // Map returns the counters under their report names.
@@ -58,6 +66,8 @@ func (c Counters) Map() map[string]uint64 {
 		"pv_rejected": c.PVRejected, "pvdrm_requests": c.PVDRMRequests, "pvdrm_notifications": c.PVDRMNotifications,
 		"pvdrm_rejected": c.PVDRMRejected, "pvdrm_shares": c.PVDRMShares, "pvdrm_pool_hits": c.PVDRMPoolHits,
 		"resets": c.Resets, "moves": c.Moves,
+		"evictions": c.Evictions, "restores": c.Restores, "evicted_bytes": c.EvictedBytes,
+		"restored_bytes": c.RestoredBytes, "restore_wait_ns": c.RestoreWaitNs,
 	}
 }
 
@@ -116,6 +126,11 @@ type counters struct {
 	pvdrmPoolHits   atomic.Uint64
 	resets          atomic.Uint64
 	moves           atomic.Uint64
+	evictions       atomic.Uint64
+	restores        atomic.Uint64
+	evictedBytes    atomic.Uint64
+	restoredBytes   atomic.Uint64
+	restoreWaitNs   atomic.Uint64
 	// carried is what the BAR spaces that resets dropped had counted (under
 	// VGPU.mu), so that the scan counters stay monotonic.
 	carried shadowCarry
@@ -123,7 +138,12 @@ type counters struct {
 
 func (v *VGPU) snapshot() Counters {
 	c := &v.ctr
-	sh := v.shadows.Counters()
+	var sh shadow.Counters
+	var tracked int
+	if v.shadows != nil { // nil while parked (evict.go)
+		sh = v.shadows.Counters()
+		tracked = v.shadows.Tracker().Pages()
+	}
 	bar := shadow.Counters(c.carried) // the shadows' counts before the last reset
 	for _, b := range v.bars {
 		if b != nil {
@@ -146,7 +166,7 @@ func (v *VGPU) snapshot() Counters {
 		Doorbells:          c.doorbells.Load(),
 		PolledDoorbells:    c.polledDoorbells.Load(),
 		RemappedPages:      uint64(v.remappedPages()),
-		TrackedPages:       uint64(v.shadows.Tracker().Pages()),
+		TrackedPages:       uint64(tracked),
 		ScanErrors:         c.scanErrors.Load(),
 		WatchdogStops:      c.watchdogStops.Load(),
 		WedgedChannels:     c.wedged.Load(),
@@ -164,5 +184,10 @@ func (v *VGPU) snapshot() Counters {
 		PVDRMPoolHits:      c.pvdrmPoolHits.Load(),
 		Resets:             c.resets.Load(),
 		Moves:              c.moves.Load(),
+		Evictions:          c.evictions.Load(),
+		Restores:           c.restores.Load(),
+		EvictedBytes:       c.evictedBytes.Load(),
+		RestoredBytes:      c.restoredBytes.Load(),
+		RestoreWaitNs:      c.restoreWaitNs.Load(),
 	}
 }

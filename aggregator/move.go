@@ -124,6 +124,18 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 		dst.freeHeld(to.Index)
 		return st, fmt.Errorf("move vGPU %d: %w", v.ID, ErrDetached)
 	}
+	if v.image != nil {
+		// Parked (evict.go): it is restored on dst from its image.
+		rst, err := v.restoreOn(dst, to)
+		v.mu.Unlock()
+		st.FromSlot, st.ToSlot, st.Bytes, st.Downtime, st.Copy = -1, to.Index, rst.Bytes, rst.Took, rst.Took
+		if err != nil {
+			return st, fmt.Errorf("move vGPU %d: %w", v.ID, err)
+		}
+		v.ctr.moves.Add(1)
+		v.rebindParked() // the eviction's revoke; the deferred one is this move's
+		return st, nil
+	}
 	if v.wedged > 0 {
 		v.mu.Unlock()
 		dst.freeHeld(to.Index)

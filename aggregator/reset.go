@@ -49,7 +49,9 @@ func (a *Aggregator) Reset(v *VGPU, reason string) error {
 	if v.feat.PVDRM {
 		return fmt.Errorf("reset vGPU %d: mode %s: %w", v.Slot.Index, v.Guest.Mode, ErrResetUnsupported)
 	}
-	v.mu.Lock()
+	if err := v.lockResident(); err != nil { // a parked vGPU is reset in a slot
+		return fmt.Errorf("reset vGPU %d: %w", v.ID, err)
+	}
 	if v.dead {
 		v.mu.Unlock()
 		return fmt.Errorf("reset vGPU %d: %w", v.Slot.Index, ErrDetached)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gpuvm/gpuvm/gpu/errreport"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
@@ -71,6 +72,15 @@ type VGPU struct {
 
 	ctr counters
 
+	// Eviction (evict.go): evicted mirrors image != nil for readers
+	// without mu; active is the last guest activity and residentSince
+	// when it last took a slot (Unix ns); restoreMu makes one restore per
+	// vGPU at a time, taken before mu.
+	evicted       atomic.Bool
+	active        atomic.Int64
+	residentSince atomic.Int64
+	restoreMu     sync.Mutex
+
 	// irq raises the VM's virtual interrupt (irq.go).
 	irq vgpuIRQ
 
@@ -103,6 +113,9 @@ type VGPU struct {
 	remapAt uint64 // tracker generation (+1) the remap table was computed at (0: never)
 	// remapStale: a BAR mapping or the poll area changed since.
 	remapStale bool
+	// image is the state of a parked (evicted) vGPU, which holds no slot
+	// (evict.go); nil while it is resident.
+	image *evictImage
 	// remapOff: every remap entry stays 0 (trap) — a revoke of the device
 	// model's mapping is outstanding (a move), or the device model did not
 	// confirm its mapping and remap is off for good (remap_rebind.go).
@@ -212,7 +225,7 @@ func (v *VGPU) gripeLog(msg string, args ...any) {
 func (v *VGPU) Counters() Counters {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.shadows == nil {
+	if v.shadows == nil && v.image == nil {
 		return Counters{}
 	}
 	return v.snapshot()
@@ -290,6 +303,16 @@ func (v *VGPU) tearDown() (clean bool, err error) {
 	v.mu.Lock()
 	v.dead = true
 	v.agg.disp.removeVM(v)
+	if v.image != nil {
+		// Parked: nothing of it is on the board (evict.go); its image
+		// is zeroed, its host resources go.
+		v.dropImage()
+		v.mu.Unlock()
+		if err := v.release(false); err != nil {
+			return true, fmt.Errorf("tear down parked vGPU %d: %w", v.ID, err)
+		}
+		return true, nil
+	}
 	var errs []error
 	full := v.agg.layout.Slots[v.Slot.Index] // all of the slot, whatever the quota
 	chans := make([]int, full.Chans)

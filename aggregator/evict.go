@@ -1,0 +1,552 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// VRAM overcommit by eviction, Becchi's swapping per whole VM
+// (docs/design.md, "Overcommit and eviction"). A board may admit vGPUs
+// whose VRAM sums past the VRAM of its slots, up to Options.Overcommit
+// times it. When a vGPU needs a slot and none is free, a resident vGPU is
+// evicted: its work in flight ends (a submission boundary, as for a move),
+// its channels stop through the one stop path and their state is saved,
+// the shadows, BAR slices, poll pages, error routes and remap entries go
+// as at a move, the pages of its slot in use are copied into an image in
+// the daemon's memory at the bus DMA rate (at most the vGPU's own VRAM: the
+// image is bounded by the slot), its RAM is unregistered from the board,
+// and the slot is renewed (scrubbed, outside mappings orphaned) and freed
+// like any teardown. The vGPU stays attached — its id, connection,
+// guest-visible registers and channels — but parked: on the guest's next
+// trapped access it is restored into a free slot, possibly another one,
+// or on another board (a move of a parked vGPU, or a lost board's parked
+// vGPUs handed over): the image is copied in, the shadows are rebuilt
+// from the guest's own structures, the channels start with their saved
+// state and the submissions it had queued are queued again. The guest only
+// waits. The image is zeroed when it is used or the vGPU goes.
+//
+// The victim is chosen by the named policy "lru": the resident vGPU with
+// no work queued or in flight whose last activity (trapped access,
+// doorbell, completed submission) is oldest, if it has been idle for
+// Options.EvictIdle. A vGPU that waited EvictIdle without finding one
+// takes the slot of the vGPU resident the longest, once that one has held
+// it for Options.MinResidency — the turns of an overcommitted board. Only vGPUs
+// that can move (the full-virtualization modes) are evicted.
+
+// ErrNoRoom is returned when no slot could be freed for a vGPU within
+// Options.RestoreWait.
+var ErrNoRoom = errors.New("no slot could be freed for the vGPU")
+
+// EvictPolicy is the name of the victim choice.
+const EvictPolicy = "lru"
+
+// Defaults of the eviction options.
+const (
+	DefaultEvictIdle   = 200 * time.Millisecond
+	DefaultRestoreWait = 30 * time.Second
+)
+
+// roomNap is how often a vGPU waiting for a slot looks again.
+const roomNap = time.Millisecond
+
+// evictImage is a parked vGPU's physical state in the daemon's memory:
+// the saved state of each channel that ran (nil: it did not) and the pages
+// of its slot in use, at offsets from the slot's base.
+type evictImage struct {
+	chans [][]uint32
+	pages []imagePage
+	bytes uint64
+}
+
+// imagePage is one resident range of an evicted slot.
+type imagePage struct {
+	off  uint64
+	data []byte
+}
+
+// scrub zeroes the image: nothing of the VM stays in the daemon's memory
+// for a later allocation to see.
+func (m *evictImage) scrub() {
+	for _, p := range m.pages {
+		clear(p.data)
+	}
+	for _, c := range m.chans {
+		clear(c)
+	}
+	m.pages, m.chans, m.bytes = nil, nil, 0
+}
+
+// EvictStats describes one eviction or restore.
+type EvictStats struct {
+	Board string
+	Slot  int
+	// Bytes is the VRAM copied out (eviction) or in (restore).
+	Bytes uint64
+	// Took is how long the vGPU was paused for the copy and the teardown
+	// or rebuild.
+	Took time.Duration
+}
+
+// Evicted reports whether v is parked: evicted, with no slot.
+func (v *VGPU) Evicted() bool { return v.evicted.Load() }
+
+// touch records guest activity for the eviction policy.
+func (v *VGPU) touch() { v.active.Store(time.Now().UnixNano()) }
+
+// Evict parks v (on a): it gives its slot back and keeps its state in the
+// daemon's memory until its guest's next access brings it back. ctx bounds
+// the wait for its work in flight; an eviction that times out there changes
+// nothing. Evicting a parked vGPU does nothing.
+func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictStats, error) {
+	st := EvictStats{Board: a.opts.BoardName, Slot: -1}
+	if v.feat.PV || v.feat.PVDRM {
+		return st, fmt.Errorf("evict vGPU %d: mode %s: %w", v.ID, v.Guest.Mode, ErrMoveUnsupported)
+	}
+	if err := canMove(a, a); err != nil {
+		return st, fmt.Errorf("evict vGPU %d: %w", v.ID, err)
+	}
+	// Its device model lets go of the slice before it is copied out; the
+	// restore hands it the new one (remap_rebind.go). An eviction that
+	// does not happen gives it back.
+	if err := v.revokeRemap(ctx); err != nil {
+		v.log.Warn("evict: remap revoke", "err", err)
+	}
+	parked := false
+	defer func() {
+		if !parked {
+			if err := v.rebindRemap(); err != nil {
+				v.log.Warn("evict: remap rebind", "err", err)
+			}
+		}
+	}()
+	a.disp.hold(v)
+	defer a.disp.unhold(v)
+	if err := a.disp.drain(ctx, v); err != nil {
+		return st, fmt.Errorf("evict vGPU %d: waiting for its work in flight: %w", v.ID, err)
+	}
+	v.mu.Lock()
+	start := time.Now()
+	if v.dead || v.agg != a {
+		v.mu.Unlock()
+		return st, fmt.Errorf("evict vGPU %d: %w", v.ID, ErrDetached)
+	}
+	if v.image != nil {
+		v.mu.Unlock()
+		return st, nil
+	}
+	if v.wedged > 0 {
+		v.mu.Unlock()
+		return st, fmt.Errorf("evict vGPU %d: it has a channel out of service: %w", v.ID, ErrMoveUnsupported)
+	}
+	if err := a.disp.quiesce(ctx, v); err != nil {
+		v.mu.Unlock()
+		return st, fmt.Errorf("evict vGPU %d: waiting for its work in flight: %w", v.ID, err)
+	}
+	st.Slot = v.Slot.Index
+	pending, failed, err := v.evict(a, &st)
+	if failed == "" {
+		v.ctr.evictions.Add(1)
+		v.ctr.evictedBytes.Add(st.Bytes)
+		st.Took = time.Since(start)
+		a.mu.Lock()
+		a.parked[v.ID] = v
+		a.mu.Unlock()
+		v.evicted.Store(true)
+		parked = true
+		log := v.log // a restore may set it once mu is let go
+		v.mu.Unlock()
+		a.releaseMoved(v, st.Slot, a)
+		if pending {
+			// Its guest waits for work the eviction held back: wake its
+			// fence sleeps, so that their look at the registers brings it
+			// back (it queues for a slot).
+			v.raiseIRQ()
+		}
+		log.Info("vGPU evicted", "reason", reason, "policy", EvictPolicy, "from_slot", st.Slot, "bytes", st.Bytes, "took", st.Took)
+		return st, nil
+	}
+	v.dead = true
+	v.mu.Unlock()
+	why := fmt.Sprintf("eviction of vGPU %d failed: %s", v.ID, failed)
+	v.log.Error("vGPU eviction failed: destroying it", "failed", failed, "err", err)
+	return st, errors.Join(fmt.Errorf("evict vGPU %d: %w: %s: %w", v.ID, ErrMoveDestroyed, failed, err), a.Destroy(v, why))
+}
+
+// evict does the work of Evict with v.mu held and v off a's dispatcher. It
+// returns "" on success, else what failed (v must then be destroyed), and
+// whether the guest had work queued that the eviction held back.
+func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string, err error) {
+	from := a.layout.Slots[v.Slot.Index]
+	imgs, chans, failed, err := v.stopSaving(a)
+	if failed != "" {
+		return false, failed, err
+	}
+	for i, img := range imgs {
+		pending = pending || (img != nil && v.chans[i].put != img[chanImageGPGet])
+	}
+	if failed, err := v.leaveBoard(a, chans); failed != "" {
+		return pending, failed, err
+	}
+	img := &evictImage{chans: imgs}
+	if err := exportSlot(a, from.VRAM, img); err != nil {
+		img.scrub()
+		return pending, "copying its VRAM out", err
+	}
+	st.Bytes = img.bytes
+	if err := a.gpu.UnregisterSystemMemory(v.ramBase); err != nil {
+		img.scrub()
+		return pending, "unregistering its RAM from the board", err
+	}
+	v.ramBase = 0
+	v.image = img
+	parked := v.Slot
+	parked.Index, parked.VRAM.Base, parked.ChanBase = -1, 0, 0
+	v.setPlace(a, parked)
+	return pending, "", nil
+}
+
+// exportSlot copies the pages of r in use on a into img.
+func exportSlot(a *Aggregator, r Region, img *evictImage) error {
+	out := a.gpu.(VRAMMover)
+	ranges, err := out.VRAMResidentRanges(r.Base, r.Size)
+	if err != nil {
+		return err
+	}
+	for _, rg := range ranges {
+		for off := rg.Base; off < rg.End(); {
+			n := min(uint64(moveChunk), rg.End()-off)
+			p := imagePage{off: off - r.Base, data: make([]byte, n)}
+			if err := out.ExportVRAM(p.data, off); err != nil {
+				return err
+			}
+			img.pages = append(img.pages, p)
+			img.bytes += n
+			off += n
+		}
+	}
+	return nil
+}
+
+// ensureResident brings a parked v back into a slot of the board it is
+// parked on before a guest access goes on. Called without v.mu; it returns
+// with v resident (or not parked: torn down, which the caller finds).
+func (v *VGPU) ensureResident() error {
+	if !v.evicted.Load() {
+		return nil
+	}
+	v.restoreMu.Lock() // one restore per vGPU; its other accesses wait for it
+	defer v.restoreMu.Unlock()
+	if !v.evicted.Load() {
+		return nil
+	}
+	a, _ := v.where()
+	t0 := time.Now()
+	to, err := a.roomFor(context.Background(), v)
+	v.ctr.restoreWaitNs.Add(uint64(time.Since(t0)))
+	if err != nil {
+		return fmt.Errorf("restore vGPU %d: %w", v.ID, err)
+	}
+	v.mu.Lock()
+	if v.dead || v.image == nil || v.agg != a {
+		v.mu.Unlock()
+		a.freeHeld(to.Index)
+		return nil
+	}
+	st, err := v.restoreOn(a, to)
+	log := v.log
+	v.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	v.rebindParked()
+	log.Info("vGPU restored", "to_slot", st.Slot, "bytes", st.Bytes, "took", st.Took, "waited", time.Since(t0)-st.Took)
+	return nil
+}
+
+// restoreOn restores parked v into slot to of dst (held for it), which may
+// be another board than the one it was evicted from. Called with v.mu held;
+// on failure v is destroyed.
+func (v *VGPU) restoreOn(dst *Aggregator, to Slot) (EvictStats, error) {
+	st := EvictStats{Board: dst.opts.BoardName, Slot: to.Index}
+	src := v.agg
+	start := time.Now()
+	failed, err := v.restore(src, dst, to, &st)
+	if failed == "" {
+		st.Took = time.Since(start)
+		v.ctr.restores.Add(1)
+		v.ctr.restoredBytes.Add(st.Bytes)
+		v.evicted.Store(false)
+		v.residentSince.Store(time.Now().UnixNano())
+		dst.mu.Lock()
+		dst.vgpus[to.Index] = v
+		dst.mu.Unlock()
+		src.mu.Lock()
+		delete(src.parked, v.ID)
+		src.mu.Unlock()
+		v.touch()
+		v.raiseIRQ() // a fence wait that slept through the restore looks again
+		return st, nil
+	}
+	// The teardown finishes it wherever it got to.
+	v.dead = true
+	cur, _ := v.where()
+	if cur == dst && v.image == nil {
+		dst.mu.Lock()
+		dst.vgpus[to.Index] = v
+		dst.mu.Unlock()
+		src.mu.Lock()
+		delete(src.parked, v.ID)
+		src.mu.Unlock()
+		v.evicted.Store(false)
+	} else {
+		dst.freeHeld(to.Index)
+	}
+	why := fmt.Sprintf("restore of vGPU %d failed: %s", v.ID, failed)
+	v.log.Error("vGPU restore failed: destroying it", "failed", failed, "err", err)
+	go func() { _ = cur.Destroy(v, why) }() // it takes v.mu, which the caller holds
+	return st, fmt.Errorf("restore vGPU %d: %w: %s: %w", v.ID, ErrMoveDestroyed, failed, err)
+}
+
+// restore does the work of restoreOn: RAM registered with dst, the image
+// copied into the slot, the vGPU rebuilt and back on dst's dispatcher.
+func (v *VGPU) restore(src, dst *Aggregator, to Slot, st *EvictStats) (failed string, err error) {
+	img := v.image
+	if v.ramBase, err = dst.gpu.RegisterSystemMemory(v.ram); err != nil {
+		v.ramBase = 0
+		return "registering its RAM with the board", err
+	}
+	in := dst.gpu.(VRAMMover)
+	for _, p := range img.pages {
+		if err := in.ImportVRAM(p.data, to.VRAM.Base+p.off); err != nil {
+			return "copying its VRAM in", err
+		}
+		st.Bytes += uint64(len(p.data))
+	}
+	chans := img.chans
+	v.image = nil
+	v.setPlace(dst, to)
+	gets, err := v.rebuild(dst, chans)
+	img.scrub()
+	if err != nil {
+		return "rebuilding it on the slot", err
+	}
+	if err := dst.disp.addVM(v, dst.weightFor(v.Guest)); err != nil {
+		return "joining the board's scheduler", err
+	}
+	if l := v.irq.line.Load(); l != nil {
+		dst.disp.onEnded(v, l.raise)
+	}
+	v.requeue(gets)
+	if src != dst {
+		src.handDomain(v, dst)
+	}
+	return "", nil
+}
+
+// handDomain moves the domain's registered settings from a to dst.
+func (a *Aggregator) handDomain(v *VGPU, dst *Aggregator) {
+	a.mu.Lock()
+	s, ok := a.domains[v.Guest.DomID]
+	delete(a.domains, v.Guest.DomID)
+	a.mu.Unlock()
+	if ok {
+		dst.mu.Lock()
+		dst.domains[v.Guest.DomID] = s
+		dst.mu.Unlock()
+	}
+}
+
+// rebindParked matches the remap revoke of the eviction a restore undid:
+// the device model maps the new slot's slice and pages pass through again.
+// Called without v.mu.
+func (v *VGPU) rebindParked() {
+	if err := v.rebindRemap(); err != nil {
+		v.log.Warn("restore: remap rebind", "err", err)
+	}
+}
+
+// dropImage zeroes and forgets a parked vGPU's image (its teardown).
+// Called with v.mu held.
+func (v *VGPU) dropImage() {
+	if v.image != nil {
+		v.image.scrub()
+		v.image = nil
+	}
+}
+
+// roomFor holds a free slot of a for v (which is not resident on a),
+// evicting a victim when none is free, and waiting up to
+// Options.RestoreWait for one. Called without v.mu.
+func (a *Aggregator) roomFor(ctx context.Context, v *VGPU) (Slot, error) {
+	start := time.Now()
+	wait := a.opts.RestoreWait
+	if wait <= 0 {
+		wait = DefaultRestoreWait
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	refused := map[*VGPU]bool{} // victims whose eviction failed: not asked again
+	for {
+		if lost, why := a.Lost(); lost {
+			return Slot{}, fmt.Errorf("board %s: %w: %s", a.opts.BoardName, ErrBoardLost, why)
+		}
+		to, err := a.holdSlot(v)
+		if err == nil {
+			return to, nil
+		}
+		if !errors.Is(err, ErrNoSlot) {
+			return Slot{}, err
+		}
+		waited := time.Since(start)
+		if u := a.victim(v, waited >= a.evictIdle(), refused); u != nil {
+			ectx, cancel := context.WithTimeout(ctx, a.opts.Timeout)
+			_, err := a.Evict(ectx, u, fmt.Sprintf("its slot is wanted by vGPU %d (%s)", v.ID, v.Guest.Name))
+			cancel()
+			if err != nil {
+				refused[u] = true
+				a.log.Warn("eviction to make room failed", "vgpu", u.ID, "for", v.ID, "err", err)
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return Slot{}, fmt.Errorf("board %s, after %v: %w", a.opts.BoardName, time.Since(start).Round(time.Millisecond), ErrNoRoom)
+		case <-time.After(roomNap):
+		}
+	}
+}
+
+// evictIdle is Options.EvictIdle with its default.
+func (a *Aggregator) evictIdle() time.Duration {
+	if a.opts.EvictIdle > 0 {
+		return a.opts.EvictIdle
+	}
+	return DefaultEvictIdle
+}
+
+// DefaultMinResidency is how long a vGPU keeps a slot before a waiting one
+// may take it although it is busy (Options.MinResidency): long enough that
+// an overcommitted board runs work, not copies (a restore of a few MiB
+// takes milliseconds).
+const DefaultMinResidency = 500 * time.Millisecond
+
+// minResidency is Options.MinResidency with its default.
+func (a *Aggregator) minResidency() time.Duration {
+	if a.opts.MinResidency > 0 {
+		return a.opts.MinResidency
+	}
+	return DefaultMinResidency
+}
+
+// victim chooses the vGPU to evict for except (lru): the resident,
+// evictable vGPU idle for EvictIdle whose last activity is oldest; failing
+// that, with preempt, the one resident longest if it held its slot for
+// MinResidency; never one in refused. nil: none now.
+func (a *Aggregator) victim(except *VGPU, preempt bool, refused map[*VGPU]bool) *VGPU {
+	now := time.Now().UnixNano()
+	idle := int64(a.evictIdle())
+	a.mu.Lock()
+	var cands []*VGPU
+	for _, u := range a.vgpus {
+		if u != nil && u != except && u.agg != nil && !u.feat.PV && !u.feat.PVDRM && !u.evicted.Load() && !refused[u] {
+			cands = append(cands, u)
+		}
+	}
+	a.mu.Unlock()
+	var lru, longest *VGPU
+	for _, u := range cands {
+		if at := u.active.Load(); now-at >= idle && a.disp.idle(u) && (lru == nil || at < lru.active.Load()) {
+			lru = u
+		}
+		if since := u.residentSince.Load(); now-since >= int64(a.minResidency()) && (longest == nil || since < longest.residentSince.Load()) {
+			longest = u
+		}
+	}
+	if lru != nil || !preempt {
+		return lru
+	}
+	return longest
+}
+
+// idle reports whether none of v's work is queued or in flight.
+func (d *dispatcher) idle(v *VGPU) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.queues[v.ID]) > 0 {
+		return false
+	}
+	for _, s := range d.inflight {
+		if s.v == v {
+			return false
+		}
+	}
+	return true
+}
+
+// overcommitFits reports whether a may take one more vGPU of vram bytes:
+// the VRAM of the vGPUs it holds, resident and parked, and vram within
+// Options.Overcommit times its slots' VRAM. Called with a.mu held.
+func (a *Aggregator) overcommitFits(vram uint64) bool {
+	var total, held uint64
+	for i, s := range a.layout.Slots {
+		if _, broken := a.broken[i]; !broken {
+			total += s.VRAM.Size
+		}
+		if u := a.vgpus[i]; u != nil {
+			held += u.Slot.VRAM.Size
+		}
+	}
+	for _, u := range a.parked {
+		held += u.Slot.VRAM.Size
+	}
+	f := max(a.opts.Overcommit, 1)
+	return float64(held+vram) <= f*float64(total)
+}
+
+// stopSaving stops every physical channel of v's slot on a through the one
+// stop path and saves the state of each channel that ran (nil for the
+// others). Called with v.mu held; "" or what failed.
+func (v *VGPU) stopSaving(a *Aggregator) (imgs [][]uint32, chans []int, failed string, err error) {
+	from := a.layout.Slots[v.Slot.Index]
+	chans = make([]int, from.Chans)
+	for i := range chans {
+		chans[i] = from.ChanBase + i
+	}
+	wedged, serr := a.phys.stop(chans...)
+	if len(wedged) > 0 {
+		for i := range v.chans {
+			v.chans[i].running, v.chans[i].inList = false, false
+		}
+		v.wedged += len(wedged)
+		return nil, chans, fmt.Sprintf("%d channel(s) did not stop", len(wedged)), serr
+	}
+	saver := a.gpu.(ChannelStateMover)
+	imgs = make([][]uint32, len(v.chans))
+	for i := range v.chans {
+		if v.chans[i].running {
+			if imgs[i], err = saver.SaveChannelState(v.phys(i)); err != nil {
+				return nil, chans, fmt.Sprintf("saving channel %d's state", i), err
+			}
+		}
+	}
+	return imgs, chans, "", nil
+}
+
+// lockResident records guest activity and returns with v.mu held and v
+// resident (restored first if it was parked), or dead; or with an error
+// and v.mu not held when no slot could be had for it.
+func (v *VGPU) lockResident() error {
+	v.touch()
+	for {
+		if err := v.ensureResident(); err != nil {
+			return err
+		}
+		v.mu.Lock()
+		if v.image == nil || v.dead {
+			return nil
+		}
+		v.mu.Unlock() // evicted again between the restore and the lock
+	}
+}

@@ -1,0 +1,207 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/gpu/sim"
+)
+
+// overcommitted is a board of one slot that admits vGPUs for twice its
+// VRAM, evicting quickly (tests want turns, not waits).
+func overcommitted(t *testing.T, restoreWait time.Duration) (*Aggregator, *sim.Board) {
+	t.Helper()
+	return newTestAggregatorWith(t, Options{MaxVMs: 1, Overcommit: 2, EvictIdle: time.Millisecond,
+		MinResidency: 20 * time.Millisecond, RestoreWait: restoreWait, Timeout: 2 * time.Second})
+}
+
+// writeMarker writes words at VRAM address at of v through its own PRAMIN
+// window; readMarker reads n words back. Both put the window back where
+// the guest driver (which keeps track of it) left it.
+func writeMarker(v *VGPU, at uint64, words []uint32) {
+	port := vgpuPort{v}
+	old := port.Read32(nvc0.BAR0, nvc0.RegPRAMINWindow)
+	port.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, uint32(at>>nvc0.PRAMINWindowShift))
+	for i, w := range words {
+		port.Write32(nvc0.BAR0, nvc0.PRAMINBase+uint64(4*i), w)
+	}
+	port.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, old)
+}
+
+func readMarker(v *VGPU, at uint64, n int) []uint32 {
+	port := vgpuPort{v}
+	old := port.Read32(nvc0.BAR0, nvc0.RegPRAMINWindow)
+	port.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, uint32(at>>nvc0.PRAMINWindowShift))
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = port.Read32(nvc0.BAR0, nvc0.PRAMINBase+uint64(4*i))
+	}
+	port.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, old)
+	return out
+}
+
+// markerAt is a VRAM address the guest driver does not allocate from in
+// these tests (as the reset test's secret).
+const markerAt = 8 << 20
+
+// TestEvictTakingTurns: two VMs share a board of one slot (2× overcommit).
+// The second's attach evicts the first, which was idle: the first is
+// parked (listed, no slot, its VRAM in an image), the slot it left was
+// scrubbed before the second got it (the second reads zeros where the
+// first's marker was). Then both compute at once and take turns in the
+// slot — each restore evicts the other — and every result verifies; the
+// first finds its marker intact at the end.
+func TestEvictTakingTurns(t *testing.T) {
+	agg, board := overcommitted(t, 30*time.Second)
+	first := startGuest(t, agg, "first", "fv-optimized")
+	verifiedWork(t, first)
+	marker := []uint32{0x5EC2E700, 0x5EC2E701, 0x5EC2E702, 0x5EC2E703}
+	writeMarker(first.v, markerAt, marker)
+	time.Sleep(5 * time.Millisecond) // idle past EvictIdle
+
+	second := startGuest(t, agg, "second", "fv-optimized")
+	if !first.v.Evicted() {
+		t.Fatal("the second VM attached to a full overcommitted board without evicting the first")
+	}
+	if got := len(agg.VGPUs()); got != 2 {
+		t.Fatalf("the board lists %d vGPUs, want 2 (one parked)", got)
+	}
+	if info := first.v.Info(); info.Slot != -1 || info.VRAMInUse <= 0 {
+		t.Fatalf("the parked vGPU shows slot %d and %d bytes in use, want -1 and its image", info.Slot, info.VRAMInUse)
+	}
+	for i, w := range readMarker(second.v, markerAt, len(marker)) {
+		if w != 0 {
+			t.Fatalf("the next tenant of the slot reads %#x at the evicted VM's marker word %d", w, i)
+		}
+	}
+	verifiedWork(t, second)
+
+	var stop atomic.Bool
+	errs := make(chan error, 2)
+	var passes [2]atomic.Int64
+	for i, g := range []*guestVM{first, second} {
+		ctx := openContext(t, g)
+		go func() { errs <- workloadLoop(g, ctx, &stop, &passes[i]) }()
+	}
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard
+	for (passes[0].Load() < 2 || passes[1].Load() < 2) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop.Store(true)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("workloads on an overcommitted board: %v", err)
+		}
+	}
+	for i, w := range readMarker(first.v, markerAt, len(marker)) {
+		if w != marker[i] {
+			t.Fatalf("the first VM's marker word %d reads %#x after its turns, want %#x", i, w, marker[i])
+		}
+	}
+	c1, c2 := first.v.Counters(), second.v.Counters()
+	t.Logf("first: %d evictions, %d restores, %d KiB out, %d KiB in, waited %v; second: %d evictions, %d restores",
+		c1.Evictions, c1.Restores, c1.EvictedBytes>>10, c1.RestoredBytes>>10, time.Duration(c1.RestoreWaitNs), c2.Evictions, c2.Restores)
+	if c1.Evictions < 2 || c1.Restores < 2 || c2.Evictions < 1 || c2.Restores < 1 {
+		t.Fatalf("the VMs did not take turns: first %d/%d, second %d/%d evictions/restores", c1.Evictions, c1.Restores, c2.Evictions, c2.Restores)
+	}
+	if c1.EvictedBytes == 0 || c1.RestoredBytes == 0 {
+		t.Fatal("evictions copied no VRAM")
+	}
+	if c1.Denied != 0 || c2.Denied != 0 {
+		t.Fatalf("denied accesses: %d, %d", c1.Denied, c2.Denied)
+	}
+	_ = board
+}
+
+// TestEvictRefusesBeyondOvercommit: a board of one slot at 2× takes two
+// vGPUs; a third is refused at once, whatever is idle.
+func TestEvictRefusesBeyondOvercommit(t *testing.T) {
+	agg, _ := overcommitted(t, 30*time.Second)
+	startGuest(t, agg, "one", "fv-optimized")
+	time.Sleep(5 * time.Millisecond)
+	startGuest(t, agg, "two", "fv-optimized")
+	time.Sleep(5 * time.Millisecond)
+	f := guestRAMFile(t, "three")
+	if _, err := agg.Attach(Guest{DomID: 3, Name: "three", Mode: "fv-optimized"}, f, 64<<20); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("a third vGPU on a one-slot board at 2x: %v, want ErrNoSlot", err)
+	}
+}
+
+// TestEvictWaitsOutNoLongKernel: a VM whose channel runs work that never
+// ends holds the only slot. It is never evicted — its work in flight does
+// not end — so a second VM's attach waits RestoreWait and is refused
+// (ErrNoRoom); the first VM's channel still runs and its work completes
+// once released.
+func TestEvictWaitsOutNoLongKernel(t *testing.T) {
+	agg, _ := overcommitted(t, 300*time.Millisecond)
+	hog := startGuest(t, agg, "hog", "fv-optimized")
+	ch, seq, sem := stuckChannel(t, hog)
+	waitReleased(t, agg, hog.v, ch.ID())
+	time.Sleep(30 * time.Millisecond) // past MinResidency: it may be preempted, if its work ends
+	f := guestRAMFile(t, "waiter")
+	_, err := agg.Attach(Guest{DomID: 9, Name: "waiter", Mode: "fv-optimized"}, f, 64<<20)
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("attach beside a VM whose work never ends: %v, want ErrNoRoom", err)
+	}
+	if hog.v.Evicted() {
+		t.Fatal("the VM with work in flight was evicted")
+	}
+	sem.Bytes[0] = 1
+	if err := ch.WaitFence(seq); err != nil {
+		t.Fatalf("the hog's work after the refused attach: %v", err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	verifiedWork(t, hog)
+}
+
+// TestEvictedVGPUTornDown: a parked vGPU whose VM goes is torn down without
+// a slot: its id and identity are free again and the board takes another
+// VM in its place.
+func TestEvictedVGPUTornDown(t *testing.T) {
+	agg, _ := overcommitted(t, 30*time.Second)
+	gone := startGuest(t, agg, "gone", "fv-optimized")
+	verifiedWork(t, gone)
+	time.Sleep(5 * time.Millisecond)
+	stay := startGuest(t, agg, "stay", "fv-optimized")
+	if !gone.v.Evicted() {
+		t.Fatal("not evicted")
+	}
+	if err := agg.Destroy(gone.v, "test: its VM went while parked"); err != nil {
+		t.Fatalf("destroy a parked vGPU: %v", err)
+	}
+	if n := len(agg.VGPUs()); n != 1 {
+		t.Fatalf("%d vGPUs listed after the parked one went, want 1", n)
+	}
+	if _, err := Move(context.Background(), gone.v, agg); err == nil {
+		t.Fatal("a torn-down parked vGPU was moved")
+	}
+	time.Sleep(5 * time.Millisecond)
+	again := startGuest(t, agg, "gone", "fv-optimized") // the same identity, free again
+	verifiedWork(t, again)
+	verifiedWork(t, stay)
+}
+
+// guestRAMFile is a fresh guest RAM memfd of 64 MiB, closed at the test's
+// end.
+func guestRAMFile(t *testing.T, name string) *os.File {
+	t.Helper()
+	ram, err := hostmem.New(name, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ram.Close() })
+	f, err := ram.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
