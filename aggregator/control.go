@@ -30,6 +30,9 @@ type VGPUInfo struct {
 	// VRAMInUse is how much of its slot's VRAM holds pages it wrote (-1:
 	// the host GPU cannot tell).
 	VRAMInUse int64 `json:"vram_in_use"`
+	// Evicted: the vGPU is parked (evict.go) — it holds no slot (Slot is
+	// -1) and VRAMInUse is its image.
+	Evicted bool `json:"evicted,omitempty"`
 }
 
 // Info describes a vGPU.
@@ -42,7 +45,7 @@ func (v *VGPU) info(s SchedStats) VGPUInfo {
 	return VGPUInfo{ID: v.ID, Board: a.opts.Board, BoardName: a.opts.BoardName, Slot: slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
 		VRAMBase: slot.VRAM.Base, VRAMBytes: slot.VRAM.Size, ChanBase: slot.ChanBase, Channels: slot.Chans,
 		BAR1Bytes: slot.BAR1.Size, BAR3Bytes: slot.BAR3.Size, Profile: v.profile,
-		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse()}
+		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse(), Evicted: v.Evicted()}
 }
 
 // Profile names the vGPU profile that sized v ("": none).
@@ -97,6 +100,8 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	GET    /v1/vgpus/{id}  one vGPU
 //	DELETE /v1/vgpus/{id}  tear a vGPU down (its VM loses the GPU)
 //	POST   /v1/vgpus/{id}/reset  reset a vGPU in place (its guest re-initialises)
+//	POST   /v1/vgpus/{id}/evict  park a vGPU (evict.go): its slot is freed, its
+//	                             guest's next access brings it back
 //	GET    /v1/layout      how the board is partitioned
 //	GET    /v1/types       the vGPU profiles and how many more of each fit
 //
@@ -129,6 +134,9 @@ func (a *Aggregator) ControlHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/vgpus/{id}/reset", func(w http.ResponseWriter, r *http.Request) {
 		a.serveReset(w, r.PathValue("id"))
+	})
+	mux.HandleFunc("POST /v1/vgpus/{id}/evict", func(w http.ResponseWriter, r *http.Request) {
+		a.serveEvict(w, r)
 	})
 	mux.HandleFunc("GET /v1/layout", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.layout)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -489,7 +490,15 @@ func (d *dispatcher) idle(v *VGPU) bool {
 // the VRAM of the vGPUs it holds, resident and parked, and vram within
 // Options.Overcommit times its slots' VRAM. Called with a.mu held.
 func (a *Aggregator) overcommitFits(vram uint64) bool {
-	var total, held uint64
+	budget, held := a.overcommitBudget()
+	return float64(held+vram) <= budget
+}
+
+// overcommitBudget is the VRAM a may commit (Overcommit times its slots'
+// in service) and the VRAM its vGPUs hold, resident and parked. Called
+// with a.mu held.
+func (a *Aggregator) overcommitBudget() (budget float64, held uint64) {
+	var total uint64
 	for i, s := range a.layout.Slots {
 		if _, broken := a.broken[i]; !broken {
 			total += s.VRAM.Size
@@ -501,8 +510,7 @@ func (a *Aggregator) overcommitFits(vram uint64) bool {
 	for _, u := range a.parked {
 		held += u.Slot.VRAM.Size
 	}
-	f := max(a.opts.Overcommit, 1)
-	return float64(held+vram) <= f*float64(total)
+	return max(a.opts.Overcommit, 1) * float64(total), held
 }
 
 // stopSaving stops every physical channel of v's slot on a through the one
@@ -548,5 +556,61 @@ func (v *VGPU) lockResident() error {
 			return nil
 		}
 		v.mu.Unlock() // evicted again between the restore and the lock
+	}
+}
+
+// Room is how many more vGPUs of a whole slot's size the board can take
+// now: its free slots, or on an overcommitted board what the overcommit
+// leaves of its VRAM, in slots (parked vGPUs count).
+func (a *Aggregator) Room() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	free := 0
+	for i, u := range a.vgpus {
+		if _, broken := a.broken[i]; u == nil && !broken {
+			free++
+		}
+	}
+	if a.opts.Overcommit <= 1 || len(a.layout.Slots) == 0 {
+		return free
+	}
+	budget, held := a.overcommitBudget()
+	n := int((budget - float64(held)) / float64(a.layout.Slots[0].VRAM.Size))
+	return max(n, free)
+}
+
+// Parked is how many vGPUs are parked on the board (evicted, no slot).
+func (a *Aggregator) Parked() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.parked)
+}
+
+// serveEvict answers POST /v1/vgpus/{id}/evict: 200 with the bytes copied
+// out and the pause once the vGPU is parked, 404 for no such vGPU, 501 for
+// one that cannot be evicted, 500 when the eviction failed (and destroyed
+// the vGPU), 409 when its work in flight did not end in time.
+func (a *Aggregator) serveEvict(w http.ResponseWriter, r *http.Request) {
+	v := a.lookup(r.PathValue("id"))
+	if v == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
+		return
+	}
+	cur, _ := v.where()
+	ctx, cancel := context.WithTimeout(r.Context(), cur.opts.Timeout)
+	defer cancel()
+	st, err := cur.Evict(ctx, v, "evicted through the control API")
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, map[string]any{"evicted": v.ID, "board": st.Board, "from_slot": st.Slot,
+			"bytes": st.Bytes, "pause_ns": st.Took.Nanoseconds()})
+	case errors.Is(err, ErrMoveUnsupported):
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
+	case errors.Is(err, ErrDetached):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	case errors.Is(err, context.DeadlineExceeded):
+		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+	default:
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 	}
 }

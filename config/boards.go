@@ -65,6 +65,7 @@ func (c Config) AllBoards() []BoardEntry {
 		b.Channels = cmp.Or(b.Channels, c.Board.Channels)
 		b.MemPartitions = cmp.Or(b.MemPartitions, c.Board.MemPartitions)
 		b.Timing = cmp.Or(b.Timing, c.Board.Timing)
+		b.Overcommit = cmp.Or(b.Overcommit, c.Board.Overcommit)
 		out[i] = BoardEntry{Name: cmp.Or(e.Name, fmt.Sprintf("gpu%d", i)), BoardConfig: b, MaxVMs: cmp.Or(e.MaxVMs, c.Daemon.MaxVMs), index: i}
 	}
 	return out
@@ -115,7 +116,8 @@ func (c Config) validateBoards(v *validator) {
 			name string
 			zero bool
 		}{{"vram", raw.VRAM == 0}, {"channels", raw.Channels == 0}, {"mem_partitions", raw.MemPartitions == 0},
-			{"max_vms", raw.MaxVMs == 0}, {"timing", raw.Timing == ""}, {"kind", raw.Kind == ""}} {
+			{"max_vms", raw.MaxVMs == 0}, {"timing", raw.Timing == ""}, {"kind", raw.Kind == ""},
+			{"overcommit", raw.Overcommit == 0}} {
 			if key := b.keys(z.name)[0]; z.zero && v.ok(key) && v.src.written(key) {
 				v.errorf([]string{key}, "must not be empty or 0 (leave the key out to take [board]'s or [daemon]'s)")
 				v.skip = withSkip(v.skip, key)
@@ -224,6 +226,7 @@ func (d *decoder) boards(v any) error {
 				{"mem_partitions", setInt(&b.MemPartitions)},
 				{"timing", setString(&b.Timing)},
 				{"max_vms", setInt(&b.MaxVMs)},
+				{"overcommit", setFloat(&b.Overcommit)},
 			})
 		} else {
 			d.fail(key, false, typeError("a table", e))

@@ -239,6 +239,10 @@ type BoardConfig struct {
 	MemPartitions int `toml:"mem_partitions"`
 	// Timing is the simulated board's timing model.
 	Timing Timing `toml:"timing"`
+	// Overcommit lets the board hold vGPUs whose VRAM sums to this many
+	// times its slots' VRAM, 1..8 (1: none); they take turns by eviction
+	// (overcommit.go).
+	Overcommit float64 `toml:"overcommit"`
 }
 
 // DaemonConfig is the [daemon] table.
@@ -260,6 +264,11 @@ type DaemonConfig struct {
 	BalanceInterval  Duration `toml:"balance_interval"`
 	BalanceThreshold float64  `toml:"balance_threshold"`
 	BalanceHold      Duration `toml:"balance_hold"`
+	// EvictIdle, RestoreWait and MinResidency tune eviction on an
+	// overcommitted board (overcommit.go).
+	EvictIdle    Duration `toml:"evict_idle"`
+	RestoreWait  Duration `toml:"restore_wait"`
+	MinResidency Duration `toml:"min_residency"`
 }
 
 // PartitionConfig is the [partition] table: what each VM slot gets.
@@ -378,6 +387,7 @@ func Default() Config {
 			Channels:      128,
 			MemPartitions: 6,
 			Timing:        TimingNone,
+			Overcommit:    1,
 		},
 		Daemon: DaemonConfig{
 			Socket:           filepath.Join(DefaultSocketDir(), "gpuvm.sock"),
@@ -389,6 +399,9 @@ func Default() Config {
 			BalanceInterval:  Duration{DefaultBalanceInterval},
 			BalanceThreshold: DefaultBalanceThreshold,
 			BalanceHold:      Duration{DefaultBalanceHold},
+			EvictIdle:        Duration{DefaultEvictIdle},
+			RestoreWait:      Duration{DefaultRestoreWait},
+			MinResidency:     Duration{DefaultMinResidency},
 		},
 		Partition: PartitionConfig{
 			VRAMPerVM:     512 * MiB,

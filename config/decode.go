@@ -78,6 +78,7 @@ func (d *decoder) document(doc map[string]any) {
 			{"channels", setInt(&c.Board.Channels)},
 			{"mem_partitions", setInt(&c.Board.MemPartitions)},
 			{"timing", setString(&c.Board.Timing)},
+			{"overcommit", setFloat(&c.Board.Overcommit)},
 		})},
 		{"daemon", d.table("daemon", []field{
 			{"socket", setString(&c.Daemon.Socket)},
@@ -89,6 +90,9 @@ func (d *decoder) document(doc map[string]any) {
 			{"balance_interval", setDuration(&c.Daemon.BalanceInterval)},
 			{"balance_threshold", setFloat(&c.Daemon.BalanceThreshold)},
 			{"balance_hold", setDuration(&c.Daemon.BalanceHold)},
+			{"evict_idle", setDuration(&c.Daemon.EvictIdle)},
+			{"restore_wait", setDuration(&c.Daemon.RestoreWait)},
+			{"min_residency", setDuration(&c.Daemon.MinResidency)},
 		})},
 		{"partition", d.table("partition", []field{
 			{"vram_per_vm", setSize(&c.Partition.VRAMPerVM)},

@@ -115,6 +115,7 @@ func (c Config) validate(skip map[string]bool) error {
 	c.validateVMBoards(v)
 	c.validateDaemon(v)
 	c.validateBalance(v)
+	c.validateOvercommit(v)
 	c.validatePartition(v)
 	c.validateScheduler(v)
 	c.validateMetrics(v)

@@ -50,9 +50,12 @@ const (
 
 // Candidate is one board as a placement decision saw it.
 type Candidate struct {
-	Board  string  `json:"board"`
-	State  State   `json:"state"`
-	Free   int     `json:"free_slots"`
+	Board string `json:"board"`
+	State State  `json:"state"`
+	Free  int    `json:"free_slots"`
+	// Room is how many more vGPUs the board takes: its free slots, or
+	// more on an overcommitted board (aggregator.Room).
+	Room   int     `json:"room"`
 	Load   float64 `json:"load"`   // share of GPU time used over the load window, 0..1
 	Queued int     `json:"queued"` // submissions waiting now
 	Weight int     `json:"weight"` // scheduling weight already placed
@@ -111,7 +114,7 @@ func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
 			c.Excluded = fmt.Sprintf("the guest is pinned to board %q", pin)
 		case c.State != StateActive:
 			c.Excluded = "board is " + string(c.State)
-		case c.Free == 0:
+		case c.Room == 0:
 			c.Excluded = "no free slot"
 		default:
 			fit = append(fit, i)
@@ -171,6 +174,7 @@ func (h *Host) candidate(b *Board, state State, load float64) Candidate {
 		used++
 	}
 	c.Free = max(len(b.Agg.Layout().Slots)-used-len(b.Agg.OutOfService()), 0)
+	c.Room = b.Agg.Room()
 	return c
 }
 

@@ -104,10 +104,17 @@ func New(src Source) *Collector {
 	ctr("vgpu_pvdrm_rejected_total", "pvdrm requests answered with an error.", func(x aggregator.Counters) uint64 { return x.PVDRMRejected })
 	ctr("vgpu_error_reports_total", "MMU faults and channel errors delivered to the guest.", func(x aggregator.Counters) uint64 { return x.ErrorReports })
 	ctr("vgpu_resets_total", "Resets of the vGPU in place (the guest's function-level reset, gpuvm vgpu reset).", func(x aggregator.Counters) uint64 { return x.Resets })
+	ctr("vgpu_moves_total", "Moves of the running vGPU to another slot or board.", func(x aggregator.Counters) uint64 { return x.Moves })
+	ctr("vgpu_evictions_total", "Times the vGPU was parked to free its slot (VRAM overcommit).", func(x aggregator.Counters) uint64 { return x.Evictions })
+	ctr("vgpu_restores_total", "Times the parked vGPU was brought back into a slot.", func(x aggregator.Counters) uint64 { return x.Restores })
+	ctr("vgpu_evicted_bytes_total", "VRAM copied out by the vGPU's evictions.", func(x aggregator.Counters) uint64 { return x.EvictedBytes })
+	ctr("vgpu_restored_bytes_total", "VRAM copied in by the vGPU's restores.", func(x aggregator.Counters) uint64 { return x.RestoredBytes })
 	ctr("vgpu_log_lines_suppressed_total", "Guest-caused log lines held back by the rate limit.", func(x aggregator.Counters) uint64 { return x.LogSuppressed })
 	c.counters = append(c.counters,
 		counter{d("vgpu_shadow_seconds_total", "Time spent building shadow page tables."),
 			func(x aggregator.Counters) float64 { return float64(x.ShadowNs) / 1e9 }, prometheus.CounterValue},
+		counter{d("vgpu_restore_wait_seconds_total", "Time the guest waited for a slot to be restored into (VRAM overcommit)."),
+			func(x aggregator.Counters) float64 { return float64(x.RestoreWaitNs) / 1e9 }, prometheus.CounterValue},
 		counter{d("vgpu_remapped_pages", "Aperture pages passed through to the guest now (BAR remap)."),
 			func(x aggregator.Counters) float64 { return float64(x.RemappedPages) }, prometheus.GaugeValue},
 		counter{d("vgpu_tracked_pages", "Guest pages the page tracker watches now."),

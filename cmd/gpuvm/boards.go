@@ -57,6 +57,8 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 			Logger: log.With("board", e.Name), Registry: reg, Board: i, BoardName: e.Name,
 			BusReadNs: timing.MMIOReadNs, BusWriteNs: timing.MMIOWriteNs, TrapNs: timing.TrapNs, Timing: timing.Name,
 			Policy: policy, Watchdog: cfg.Scheduler.Watchdog.Duration,
+			Overcommit: e.Overcommit, EvictIdle: cfg.Daemon.EvictIdle.Duration,
+			RestoreWait: cfg.Daemon.RestoreWait.Duration, MinResidency: cfg.Daemon.MinResidency.Duration,
 			PollDoorbells: cfg.Scheduler.Doorbell == config.DoorbellPoll, PollInterval: cfg.Scheduler.DoorbellPoll.Duration,
 			// Per-VM [[vm]] settings, matched by domain name or id.
 			Weight: func(g aggregator.Guest) int { return cfg.LookupVM(g.Name, int(g.DomID)).Weight },

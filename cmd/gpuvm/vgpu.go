@@ -66,7 +66,7 @@ func vgpuCommand() *cli.Command {
 	}
 	return &cli.Command{
 		Name:  "vgpu",
-		Usage: "list, inspect, reset, move or destroy the aggregator's vGPUs; list the vGPU profiles",
+		Usage: "list, inspect, reset, move, evict or destroy the aggregator's vGPUs; list the vGPU profiles",
 		Subcommands: []*cli.Command{
 			{Name: "list", Usage: "every vGPU with its counters (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", false)},
 			{Name: "stats", Usage: "one vGPU's counters (JSON)", ArgsUsage: "ID", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/vgpus", true)},
@@ -86,13 +86,23 @@ func vgpuCommand() *cli.Command {
 					"channels stop with their state saved, the VRAM it uses is copied to a free slot of BOARD,\n" +
 					"its shadows are rebuilt there and its channels go on where they stopped. The guest sees a\n" +
 					"pause, never an error; its id stays. The slot it left is scrubbed and freed. Fully\n" +
-					"virtualized modes only (PV and pvdrm vGPUs are refused); a BAR-remap vGPU traps every\n" +
-					"aperture access after its move. Prints from/to board and slot, the bytes copied and the pause.\n\n" +
+					"virtualized modes only (PV and pvdrm vGPUs are refused); a BAR-remap vGPU's device model\n" +
+					"is handed the new slice. A parked (evicted) vGPU is restored on BOARD. Prints from/to\n" +
+					"board and slot, the bytes copied and the pause.\n\n" +
 					"Exit status: 0 once the vGPU runs on BOARD; 1 if there is no such vGPU or board, BOARD is\n" +
 					"full, cordoned or failed, the vGPU cannot be moved, or the move failed (the vGPU is then\n" +
 					"destroyed); 2 for bad arguments.",
 				Flags:  []cli.Flag{ctl, &cli.StringFlag{Name: "to", Usage: "the board to move it to"}},
 				Action: call(http.MethodPost, "/v1/vgpus", true, "/move")},
+			{Name: "evict", Usage: "park a vGPU: free its slot, keep its state until its VM's next access", ArgsUsage: "ID",
+				Description: "Evicts vGPU ID as an overcommitted board does to free a slot: its work in flight ends,\n" +
+					"its channels stop with their state saved, the VRAM it uses is copied to the daemon's\n" +
+					"memory and its slot is scrubbed and freed. Its VM keeps the GPU: the guest's next\n" +
+					"access restores it into a free slot (it waits, never errs). Fully virtualized modes\n" +
+					"only. Prints the bytes copied and the pause.\n\n" +
+					"Exit status: 0 once the vGPU is parked; 1 if there is no such vGPU, it cannot be\n" +
+					"evicted, or the eviction failed (the vGPU is then destroyed); 2 for bad arguments.",
+				Flags: []cli.Flag{ctl}, Action: call(http.MethodPost, "/v1/vgpus", true, "/evict")},
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
 			vgpuTypesCommand(ctl),
 		},
