@@ -128,6 +128,9 @@ type Aggregator struct {
 	// parked holds the vGPUs evicted from the board, by id: attached, with
 	// no slot (evict.go).
 	parked map[int]*VGPU
+	// rehome chooses another board for a parked vGPU of this board when
+	// the board is lost (SetRehome; nil: none).
+	rehome func(*VGPU) *Aggregator
 }
 
 // New takes ownership of the physical GPU: it partitions it and brings up the
@@ -245,7 +248,7 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 		fits := a.overcommitFits(want.VRAM.Size)
 		a.mu.Unlock()
 		if fits {
-			to, err := a.roomFor(context.Background(), &VGPU{ID: id, Slot: a.layout.Slots[0], Guest: g})
+			to, err := a.roomFor(context.Background(), &VGPU{ID: id, Slot: a.layout.Slots[0], Guest: g}, -1)
 			if err != nil {
 				a.reg.release(id)
 				return nil, fmt.Errorf("attach %s (domid %d): overcommitted board: %w", g.Name, g.DomID, err)

@@ -202,6 +202,7 @@ func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string
 	}
 	v.ramBase = 0
 	v.image = img
+	v.homeSlot = v.Slot.Index
 	parked := v.Slot
 	parked.Index, parked.VRAM.Base, parked.ChanBase = -1, 0, 0
 	v.setPlace(a, parked)
@@ -244,7 +245,7 @@ func (v *VGPU) ensureResident() error {
 	}
 	a, _ := v.where()
 	t0 := time.Now()
-	to, err := a.roomFor(context.Background(), v)
+	to, err := a.roomFor(context.Background(), v, v.homeSlot)
 	v.ctr.restoreWaitNs.Add(uint64(time.Since(t0)))
 	if err != nil {
 		return fmt.Errorf("restore vGPU %d: %w", v.ID, err)
@@ -377,10 +378,12 @@ func (v *VGPU) dropImage() {
 	}
 }
 
-// roomFor holds a free slot of a for v (which is not resident on a),
-// evicting a victim when none is free, and waiting up to
+// roomFor holds a free slot of a for v (which is not resident on a) —
+// slot prefer if it is free (the one it was evicted from: its neighbours
+// stay where they are), else the first —, evicting a victim when none is
+// free, and waiting up to
 // Options.RestoreWait for one. Called without v.mu.
-func (a *Aggregator) roomFor(ctx context.Context, v *VGPU) (Slot, error) {
+func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, error) {
 	start := time.Now()
 	wait := a.opts.RestoreWait
 	if wait <= 0 {
@@ -393,7 +396,7 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU) (Slot, error) {
 		if lost, why := a.Lost(); lost {
 			return Slot{}, fmt.Errorf("board %s: %w: %s", a.opts.BoardName, ErrBoardLost, why)
 		}
-		to, err := a.holdSlot(v)
+		to, err := a.holdSlotPrefer(v, prefer)
 		if err == nil {
 			return to, nil
 		}
@@ -613,4 +616,56 @@ func (a *Aggregator) serveEvict(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 	}
+}
+
+// SetRehome sets how a parked vGPU of this board finds another board when
+// this one is lost (package host's placement): its image is in the
+// daemon's memory, not on the lost board, so it is handed to the board
+// rehome returns and restored there on its guest's next access, where the
+// vGPUs resident on the lost board are lost devices. nil: none.
+func (a *Aggregator) SetRehome(rehome func(*VGPU) *Aggregator) {
+	a.mu.Lock()
+	a.rehome = rehome
+	a.mu.Unlock()
+}
+
+// restartElsewhere hands a parked v of the lost board a to the board its
+// rehome chooses, and reports whether it did.
+func (a *Aggregator) restartElsewhere(v *VGPU) bool {
+	a.mu.Lock()
+	rehome := a.rehome
+	a.mu.Unlock()
+	if rehome == nil || !v.Evicted() {
+		return false
+	}
+	dst := rehome(v)
+	if dst == nil || dst == a {
+		return false
+	}
+	if err := a.handOver(v, dst); err != nil {
+		v.log.Warn("parked vGPU of a lost board not restarted elsewhere", "to_board", dst.opts.BoardName, "err", err)
+		return false
+	}
+	v.log.Info("parked vGPU of a lost board restarted from its image on another board", "from_board", a.opts.BoardName)
+	return true
+}
+
+// handOver moves parked v from a's parked list to dst's, with its domain
+// settings: its next access restores it on dst.
+func (a *Aggregator) handOver(v *VGPU, dst *Aggregator) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead || v.image == nil || v.agg != a {
+		return fmt.Errorf("vGPU %d is no longer parked on board %s: %w", v.ID, a.opts.BoardName, ErrDetached)
+	}
+	a.mu.Lock()
+	delete(a.parked, v.ID)
+	a.mu.Unlock()
+	dst.mu.Lock()
+	dst.parked[v.ID] = v
+	dst.mu.Unlock()
+	v.homeSlot = -1
+	v.setPlace(dst, v.Slot) // Index -1: no slot
+	a.handDomain(v, dst)
+	return nil
 }

@@ -205,3 +205,54 @@ func guestRAMFile(t *testing.T, name string) *os.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// TestLostBoardRestartsParkedVGPU: board a (one slot, 2× overcommit) holds
+// a resident vGPU and a parked one when it falls off the bus. The resident
+// one is lost with it; the parked one's image is in the daemon's memory,
+// so it is handed to board b (SetRehome, as package host's placement does)
+// and its guest's next access restores it there: its workloads verify and
+// its marker, written before it was parked, is intact. The VM on b is
+// untouched.
+func TestLostBoardRestartsParkedVGPU(t *testing.T) {
+	reg := NewRegistry()
+	a, boardA := newTestAggregatorWith(t, Options{MaxVMs: 1, Registry: reg, BoardName: "a", Overcommit: 2,
+		EvictIdle: time.Millisecond, HealthInterval: 5 * time.Millisecond, Timeout: time.Hour})
+	b, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, Board: 1, BoardName: "b"})
+	a.SetRehome(func(*VGPU) *Aggregator { return b })
+
+	parked := startGuest(t, a, "parked", "fv-optimized")
+	verifiedWork(t, parked)
+	marker := []uint32{0xCAFE0001, 0xCAFE0002}
+	writeMarker(parked.v, markerAt, marker)
+	time.Sleep(5 * time.Millisecond)
+	resident := startGuest(t, a, "resident", "fv-optimized") // evicts the idle one
+	if !parked.v.Evicted() {
+		t.Fatal("the idle vGPU was not parked")
+	}
+	bystander := startGuest(t, b, "bystander", "fv-optimized")
+
+	boardA.FailBus()
+	deadline := time.Now().Add(time.Minute) // a hang guard
+	for len(a.VGPUs()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost board kept its vGPUs")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if cur, _ := parked.v.where(); cur != b || !parked.v.Evicted() {
+		t.Fatalf("the parked vGPU is on board %s (evicted %v), want parked on b", cur.opts.BoardName, parked.v.Evicted())
+	}
+	if !resident.v.detached() {
+		t.Fatal("the resident vGPU of the lost board was not taken off")
+	}
+	for i, w := range readMarker(parked.v, markerAt, len(marker)) { // this access restores it on b
+		if w != marker[i] {
+			t.Fatalf("marker word %d reads %#x after the restart on b, want %#x", i, w, marker[i])
+		}
+	}
+	if cur, slot := parked.v.where(); cur != b || slot.Index < 0 || parked.v.Evicted() {
+		t.Fatalf("after its access the vGPU is on %s slot %d (evicted %v)", cur.opts.BoardName, slot.Index, parked.v.Evicted())
+	}
+	verifiedWork(t, parked)
+	verifiedWork(t, bystander)
+}

@@ -123,6 +123,9 @@ func (a *Aggregator) loseBoard(why string) {
 	}
 	var wg sync.WaitGroup
 	for _, v := range a.VGPUs() {
+		if a.restartElsewhere(v) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -192,10 +192,21 @@ func canMove(src, dst *Aggregator) error {
 
 // holdSlot takes a free slot of a for v (held, as attach holds it while
 // building) and returns it narrowed to v's sizes, which the guest was told.
-func (a *Aggregator) holdSlot(v *VGPU) (Slot, error) {
+func (a *Aggregator) holdSlot(v *VGPU) (Slot, error) { return a.holdSlotPrefer(v, -1) }
+
+// holdSlotPrefer is holdSlot that takes slot prefer if it is free.
+func (a *Aggregator) holdSlotPrefer(v *VGPU, prefer int) (Slot, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for i, u := range a.vgpus {
+	order := make([]int, 0, len(a.vgpus)+1)
+	if prefer >= 0 && prefer < len(a.vgpus) {
+		order = append(order, prefer)
+	}
+	for i := range a.vgpus {
+		order = append(order, i)
+	}
+	for _, i := range order {
+		u := a.vgpus[i]
 		if _, broken := a.broken[i]; u != nil || broken {
 			continue
 		}

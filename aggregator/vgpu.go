@@ -116,6 +116,9 @@ type VGPU struct {
 	// image is the state of a parked (evicted) vGPU, which holds no slot
 	// (evict.go); nil while it is resident.
 	image *evictImage
+	// homeSlot is the slot the vGPU was last evicted from: its restore
+	// takes it if it is free.
+	homeSlot int
 	// remapOff: every remap entry stays 0 (trap) — a revoke of the device
 	// model's mapping is outstanding (a move), or the device model did not
 	// confirm its mapping and remap is off for good (remap_rebind.go).

@@ -122,6 +122,9 @@ func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error)
 	}
 	h := &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)), bal: bal,
 		pending: map[uint32]aggregator.DomainSettings{}}
+	for _, b := range boards {
+		b.Agg.SetRehome(h.rehomer(b))
+	}
 	h.startBalancer()
 	return h, nil
 }

@@ -71,13 +71,17 @@ const (
 	KindMove = "move"
 	// KindBalance is a move the load balancer made (balance.go).
 	KindBalance = "balance"
+	// KindRestart is a parked vGPU of a lost board handed to another
+	// board, restored there from its eviction image (restart.go).
+	KindRestart = "restart"
 )
 
 // Decision is one placement: where a VM went, or why it went nowhere; or
 // one move of a running vGPU to a board.
 type Decision struct {
 	Time time.Time `json:"time"`
-	// Kind says what decided: KindPlace, KindMove or KindBalance.
+	// Kind says what decided: KindPlace, KindMove, KindBalance or
+	// KindRestart.
 	Kind       string      `json:"kind"`
 	DomID      uint32      `json:"domid"`
 	Name       string      `json:"name"`
