@@ -19,6 +19,13 @@ import (
 // 128 MiB on a 512 MiB simulated board.
 func newTestHost(t *testing.T, opts Options, slots ...int) *Host {
 	t.Helper()
+	return newTestHostWith(t, opts, nil, slots...)
+}
+
+// newTestHostWith is newTestHost with modify changing board i's aggregator
+// options (nil: none).
+func newTestHostWith(t *testing.T, opts Options, modify func(i int, o *aggregator.Options), slots ...int) *Host {
+	t.Helper()
 	reg := aggregator.NewRegistry()
 	var boards []*Board
 	for i, n := range slots {
@@ -29,9 +36,13 @@ func newTestHost(t *testing.T, opts Options, slots ...int) *Host {
 			t.Fatal(err)
 		}
 		name := []string{"fast", "slow", "third"}[i]
-		agg, err := aggregator.New(board, aggregator.Options{MaxVMs: n, HealthInterval: 2 * time.Millisecond, Channels: cfg.Channels, Registry: reg, Board: i, BoardName: name,
+		o := aggregator.Options{MaxVMs: n, HealthInterval: 2 * time.Millisecond, Channels: cfg.Channels, Registry: reg, Board: i, BoardName: name,
 			Partition: config.PartitionConfig{VRAMPerVM: 128 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 64 << 20},
-			Weight:    func(g aggregator.Guest) int { return 1 + int(g.DomID)%10 }})
+			Weight:    func(g aggregator.Guest) int { return 1 + int(g.DomID)%10 }}
+		if modify != nil {
+			modify(i, &o)
+		}
+		agg, err := aggregator.New(board, o)
 		if err != nil {
 			t.Fatal(err)
 		}
