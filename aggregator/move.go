@@ -360,27 +360,11 @@ func (d *dispatcher) forget(v *VGPU) {
 // It returns "" on success, else what failed (v must then be destroyed).
 func (v *VGPU) move(src, dst *Aggregator, to Slot, st *MoveStats) (failed string, err error) {
 	from := src.layout.Slots[v.Slot.Index]
-	chans := make([]int, from.Chans)
-	for i := range chans {
-		chans[i] = from.ChanBase + i
-	}
-	wedged, serr := src.phys.stop(chans...)
-	if len(wedged) > 0 {
-		for i := range v.chans {
-			v.chans[i].running, v.chans[i].inList = false, false
-		}
-		v.wedged += len(wedged)
-		return fmt.Sprintf("%d channel(s) did not stop", len(wedged)), serr
-	}
-	// Each running channel's state, as the board left it.
-	saver := src.gpu.(ChannelStateMover)
-	imgs := make([][]uint32, len(v.chans))
-	for i := range v.chans {
-		if v.chans[i].running {
-			if imgs[i], err = saver.SaveChannelState(v.phys(i)); err != nil {
-				return fmt.Sprintf("saving channel %d's state", i), err
-			}
-		}
+	// Every channel of the slot stopped, each running one's state saved
+	// as the board left it (evict.go).
+	imgs, chans, failed, err := v.stopSaving(src)
+	if failed != "" {
+		return failed, err
 	}
 	if failed, err := v.leaveBoard(src, chans); failed != "" {
 		return failed, err
