@@ -69,7 +69,17 @@ func (r *Registry) Len() int {
 // attach is rejected with the reason. Serve does this for each device model
 // it accepts; a host of several boards calls it on the board it placed the
 // VM on (package host).
-func (a *Aggregator) ServeConn(ctx context.Context, p *ipc.Pending) { a.serveVM(ctx, p) }
+func (a *Aggregator) ServeConn(ctx context.Context, p *ipc.Pending) { a.serveVM(ctx, p, nil) }
+
+// ServeConnElse is ServeConn for a VM placed on this board by a host whose
+// other boards may take it: if the board has no slot left when the VM
+// attaches (another VM took the last one since placement chose this
+// board), the VM is not rejected but elsewhere is called; it reports
+// whether it served the VM on another board (it returns once that VM's
+// connection ended), else the VM is rejected as ServeConn would.
+func (a *Aggregator) ServeConnElse(ctx context.Context, p *ipc.Pending, elsewhere func() bool) {
+	a.serveVM(ctx, p, elsewhere)
+}
 
 // Board names the board v is on: its index among the daemon's boards and
 // its configured name ("": none given).

@@ -59,7 +59,7 @@ func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
 // (or breaks the protocol) its vGPU is torn down. Serve returns when ctx is
 // done, after every connection ended.
 func (a *Aggregator) Serve(ctx context.Context, ln *ipc.Listener) error {
-	return AcceptEach(ctx, ln, a.log, a.serveVM)
+	return AcceptEach(ctx, ln, a.log, a.ServeConn)
 }
 
 // AcceptEach accepts device models on ln until ctx is done and serves each
@@ -89,8 +89,9 @@ func AcceptEach(ctx context.Context, ln *ipc.Listener, log *slog.Logger, serve f
 	}
 }
 
-// serveVM attaches one VM, serves it, and detaches it.
-func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
+// serveVM attaches one VM, serves it, and detaches it; see ServeConnElse
+// for elsewhere (nil: none).
+func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func() bool) {
 	h := p.Hello()
 	log := a.log.With("domid", h.DomID, "name", h.Name, "pid", p.Peer().PID)
 	{
@@ -127,6 +128,12 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending) {
 		v, err = a.attachWith(g, func() ([]byte, func() error, error) { return a.opts.DomainRAM(h.DomID, h.RAMSize) })
 	} else {
 		v, err = a.Attach(g, p.RAM(), h.RAMSize)
+	}
+	if err != nil && errors.Is(err, ErrNoSlot) && elsewhere != nil {
+		log.Info("no slot left on the board placement chose: placing again", "err", err)
+		if elsewhere() {
+			return
+		}
 	}
 	if err != nil {
 		log.Warn("refused", "err", err)

@@ -171,20 +171,40 @@ func (h *Host) Serve(ctx context.Context, ln *ipc.Listener) error {
 func (h *Host) serve(ctx context.Context, p *ipc.Pending) {
 	hello := p.Hello()
 	g := aggregator.Guest{DomID: hello.DomID, Name: hello.Name, Mode: hello.Mode}
-	b, d := h.Place(g)
+	h.serveOn(ctx, p, g, h.Place, nil)
+}
+
+// serveOn hands p to the board place chooses. If the VM finds the board
+// full when it attaches (another VM took the last slot since the choice),
+// it is placed again among the boards not yet tried — tried says which —
+// and refused only when none takes it.
+func (h *Host) serveOn(ctx context.Context, p *ipc.Pending, g aggregator.Guest, place func(aggregator.Guest) (*Board, Decision), tried map[*Board]bool) bool {
+	b, d := place(g)
 	if b == nil {
-		h.log.Warn("refused: no board", "domid", g.DomID, "name", g.Name, "reason", d.Reason)
-		_ = p.Reject(d.Reason)
-		return
+		if tried == nil { // the first choice: refuse here; a retry lets the first board refuse
+			h.log.Warn("refused: no board", "domid", g.DomID, "name", g.Name, "reason", d.Reason)
+			_ = p.Reject(d.Reason)
+		}
+		return false
 	}
 	if s, ok := h.takePending(g.DomID); ok {
 		if err := b.Agg.SetDomainSettings(g.DomID, s); err != nil {
 			h.log.Warn("refused: domain settings", "domid", g.DomID, "board", b.Name, "err", err)
 			_ = p.Reject(err.Error())
-			return
+			return true
 		}
 	}
-	b.Agg.ServeConn(ctx, p)
+	if tried == nil {
+		tried = map[*Board]bool{}
+	}
+	tried[b] = true
+	b.Agg.ServeConnElse(ctx, p, func() bool {
+		if len(tried) >= len(h.boards) {
+			return false
+		}
+		return h.serveOn(ctx, p, g, func(g aggregator.Guest) (*Board, Decision) { return h.placeAvoiding(g, tried) }, tried)
+	})
+	return true
 }
 
 // Close stops the load balancer and closes every board's aggregator.

@@ -98,9 +98,32 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 	return b, d
 }
 
+// placeAvoiding is Place among the boards not in tried: those a VM found
+// full when it attached, although placement had chosen them.
+func (h *Host) placeAvoiding(g aggregator.Guest, tried map[*Board]bool) (*Board, Decision) {
+	b, d := h.chooseExcept(g, func(b *Board) string {
+		if tried[b] {
+			return "found full when the VM attached"
+		}
+		return ""
+	})
+	h.record(d)
+	return b, d
+}
+
 // choose is Place without recording; a board other than nil is excluded
 // (the one a drain empties).
 func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
+	return h.chooseExcept(g, func(b *Board) string {
+		if b == exclude {
+			return "the board being drained"
+		}
+		return ""
+	})
+}
+
+// chooseExcept is choose with the boards excluded says why ("": none).
+func (h *Host) chooseExcept(g aggregator.Guest, excluded func(*Board) string) (*Board, Decision) {
 	pin := ""
 	if h.opts.Pin != nil {
 		pin = h.opts.Pin(g)
@@ -112,8 +135,8 @@ func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
 	for i, b := range h.boards {
 		c := h.candidate(b, states[i], loads[i])
 		switch {
-		case b == exclude:
-			c.Excluded = "the board being drained"
+		case excluded(b) != "":
+			c.Excluded = excluded(b)
 		case pin != "" && b.Name != pin:
 			c.Excluded = fmt.Sprintf("the guest is pinned to board %q", pin)
 		case c.State != StateActive:
