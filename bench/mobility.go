@@ -35,9 +35,9 @@ type MobilityOptions struct {
 	// Modes[i % len(Modes)]; VM 1, the first moved, should be a BAR-remap
 	// mode (fv-optimized) so that a move's remap rebind is exercised.
 	Modes []string
-	// Duration is the length of each phase's load: the move phase runs
-	// half of it without moves and half with, the overcommit phase runs it
-	// with and again without overcommit.
+	// Duration is the length of each phase's load: the move phase cuts it
+	// into quiet segments and segments that begin with a move, the
+	// overcommit phase runs it with and again without overcommit.
 	Duration time.Duration
 	// Moves is how many moves the move phase makes (VMs 1 and 2 in turn,
 	// each to the other board).
@@ -94,13 +94,15 @@ type MobilityVM struct {
 	ExpectLost bool `json:"expect_lost,omitempty"`
 }
 
-// MobilityThroughput compares VMs' runs per second over two windows.
+// MobilityThroughput compares VMs' runs per second in the move phase's
+// quiet segments and in those that began with a move.
 type MobilityThroughput struct {
 	VMs []string `json:"vms"`
-	// Before and During are the VMs' runs per second, summed, without and
-	// with moves; Ratio is During over Before (1: unaffected).
-	Before float64 `json:"before_runs_per_s"`
-	During float64 `json:"during_runs_per_s"`
+	// Before and During are the VMs' runs per second, summed, in the quiet
+	// segments and in the moving ones; Ratio is During over Before (1:
+	// unaffected).
+	Before float64 `json:"quiet_runs_per_s"`
+	During float64 `json:"moving_runs_per_s"`
 	Ratio  float64 `json:"ratio"`
 }
 
@@ -462,16 +464,25 @@ func (s *mobilityVMs) runsIn(i int, from, to time.Time) float64 {
 	return n
 }
 
-// throughput is the runs per second of the VMs idx over [from, to).
-func (s *mobilityVMs) throughput(idx []int, from, to time.Time) float64 {
-	if !to.After(from) {
+// window is a span of the run, [from, to).
+type window struct{ from, to time.Time }
+
+// throughput is the runs per second of the VMs idx over the windows.
+func (s *mobilityVMs) throughput(idx []int, ws ...window) float64 {
+	var n, secs float64
+	for _, w := range ws {
+		if !w.to.After(w.from) {
+			continue
+		}
+		secs += w.to.Sub(w.from).Seconds()
+		for _, i := range idx {
+			n += s.runsIn(i, w.from, w.to)
+		}
+	}
+	if secs == 0 {
 		return 0
 	}
-	var n float64
-	for _, i := range idx {
-		n += s.runsIn(i, from, to)
-	}
-	return n / to.Sub(from).Seconds()
+	return n / secs
 }
 
 // collect adds the phase's VMs to rep: their results, and a problem for

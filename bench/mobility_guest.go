@@ -79,12 +79,15 @@ func RunMobilityGuest(ctx context.Context, cfg devmodel.Config, params workloads
 		}
 	}()
 	opts := RunOptions{NoWarmup: true, Recover: func(err error) bool {
-		// As RunGuest: a reset under a run is recovered from; a device
-		// that is gone is not.
+		// A reset under a run is recovered from, as RunGuest does, and
+		// also when the run failed otherwise on a GPU that reads as reset:
+		// a wait the driver began before the reset (a FECS command of a
+		// new context) times out rather than failing with ErrDeviceReset.
+		// A device that is gone is not recovered from.
 		if dev.Err() != nil {
 			return false
 		}
-		if !errors.Is(err, nouveau.ErrDeviceReset) && !(errors.Is(err, workloads.ErrVerify) && drv.ResetDetected()) {
+		if !errors.Is(err, nouveau.ErrDeviceReset) && !drv.ResetDetected() {
 			return false
 		}
 		return drv.Reset() == nil

@@ -129,46 +129,53 @@ func moveVM(ctx context.Context, m *mobilityHost, name, to, phase string) Mobili
 // moveTimeout bounds one move's wait for the VM's work in flight.
 const moveTimeout = 10 * time.Second
 
-// runMovePhase: two boards, four VMs looping madd and cpy; the first half
-// of the load without moves, the second with o.Moves moves of VMs 1 and 2
-// in turn, each to the other board; VMs 3 and 4 are never moved, and their
-// throughput over the two halves is the moves' cost to the VMs beside.
+// runMovePhase: two boards, four VMs looping madd and cpy for o.Duration,
+// cut into quiet segments and segments that begin with a move, in turn:
+// o.Moves moves of VMs 1 and 2 in turn, each to the other board. VMs 3 and
+// 4 are never moved: their throughput in the moving segments against the
+// quiet ones is the moves' cost to the VMs beside.
 func runMovePhase(ctx context.Context, o MobilityOptions, rep *MobilityReport) error {
 	const n = 4
 	specs := []boardSpec{{name: "gpu0", slots: n}, {name: "gpu1", slots: n}}
-	o.progress("mobility: moves: 2 boards, %d VMs (%v), %d moves over %v", n, o.modes(n), o.Moves, o.Duration/2)
+	o.progress("mobility: moves: 2 boards, %d VMs (%v), %d moves over %v", n, o.modes(n), o.Moves, o.Duration)
 	p, err := startPhase(ctx, o, specs, "mv", o.modes(n))
 	if err != nil {
 		return err
 	}
 	var moves []MobilityMove
-	var t0, t1, t2 time.Time
+	// The load is cut into 2×Moves segments: a quiet one, then one that
+	// begins with a move, in turn, so that the two kinds share the run's
+	// drift (the VMs' first runs, the host's other load).
+	var quiet, moving []window
 	err = func() error {
 		if err := sleep(ctx, o.settle()); err != nil {
 			return err
 		}
-		t0 = time.Now()
-		if err := sleep(ctx, o.Duration/2); err != nil {
-			return err
-		}
-		t1 = time.Now()
-		every := o.Duration / 2 / time.Duration(o.Moves)
+		seg := o.Duration / time.Duration(2*o.Moves)
 		for k := range o.Moves {
+			q := window{from: time.Now()}
+			if err := sleep(ctx, seg); err != nil {
+				return err
+			}
+			q.to = time.Now()
+			quiet = append(quiet, q)
 			name := p.vms.names[k%2]
 			b, _ := p.m.vgpu(name)
 			to := "gpu0"
 			if b != nil && b.Name == "gpu0" {
 				to = "gpu1"
 			}
+			w := window{from: time.Now()}
 			mv := moveVM(ctx, p.m, name, to, "moves")
 			o.progress("mobility: move %d/%d: %s (vGPU %d) %s → %s: %d KiB in use, paused %v%s", k+1, o.Moves, name, mv.VGPU, mv.FromBoard, mv.ToBoard,
 				mv.VRAMBytes>>10, time.Duration(mv.DowntimeNs).Round(time.Microsecond), errSuffix(mv.Error))
 			moves = append(moves, mv)
-			if err := sleep(ctx, time.Until(t1.Add(time.Duration(k+1)*every))); err != nil {
+			if err := sleep(ctx, time.Until(w.from.Add(seg))); err != nil {
 				return err
 			}
+			w.to = time.Now()
+			moving = append(moving, w)
 		}
-		t2 = time.Now()
 		return nil
 	}()
 	if eerr := p.end(); err != nil || eerr != nil {
@@ -177,8 +184,8 @@ func runMovePhase(ctx context.Context, o MobilityOptions, rep *MobilityReport) e
 	p.vms.collect(rep, "moves", nil)
 	ph := &rep.MovePhase
 	ph.Boards, ph.VMs = len(specs), n
-	ph.Moved = p.vms.throughputs([]int{0, 1}, t0, t1, t2)
-	ph.Unaffected = p.vms.throughputs([]int{2, 3}, t0, t1, t2)
+	ph.Moved = p.vms.throughputs([]int{0, 1}, quiet, moving)
+	ph.Unaffected = p.vms.throughputs([]int{2, 3}, quiet, moving)
 	var down, mib float64
 	for i := range moves {
 		moves[i].Verified = moves[i].Error == "" && p.vms.verified(moves[i].Name)
@@ -203,9 +210,9 @@ func errSuffix(e string) string {
 	return " (failed: " + e + ")"
 }
 
-// throughputs compares VMs idx over [t0, t1) and [t1, t2).
-func (s *mobilityVMs) throughputs(idx []int, t0, t1, t2 time.Time) MobilityThroughput {
-	t := MobilityThroughput{Before: s.throughput(idx, t0, t1), During: s.throughput(idx, t1, t2)}
+// throughputs compares VMs idx over the quiet and the moving windows.
+func (s *mobilityVMs) throughputs(idx []int, quiet, moving []window) MobilityThroughput {
+	t := MobilityThroughput{Before: s.throughput(idx, quiet...), During: s.throughput(idx, moving...)}
 	for _, i := range idx {
 		t.VMs = append(t.VMs, s.names[i])
 	}
@@ -257,7 +264,7 @@ func runOvercommitPhase(ctx context.Context, o MobilityOptions, rep *MobilityRep
 	for i := range all {
 		all[i] = i
 	}
-	oc.Throughput = p.vms.throughput(all, t0, t1)
+	oc.Throughput = p.vms.throughput(all, window{t0, t1})
 	for _, c := range counters {
 		oc.Evictions += c.Evictions
 		oc.Restores += c.Restores
@@ -295,7 +302,7 @@ func runOvercommitPhase(ctx context.Context, o MobilityOptions, rep *MobilityRep
 		return errors.Join(err, eerr)
 	}
 	base.vms.collect(rep, "baseline", nil)
-	oc.Baseline = base.vms.throughput(all[:slots], b0, b1)
+	oc.Baseline = base.vms.throughput(all[:slots], window{b0, b1})
 	return nil
 }
 

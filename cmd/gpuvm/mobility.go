@@ -27,9 +27,10 @@ func mobilityCommand() *cli.Command {
 		Usage: "move, evict, drain, fail and reset vGPUs under VMs looping verified madd and cpy",
 		Description: "Three phases, each on a fresh in-process host of simulated boards with VM processes over\n" +
 			"the real protocol, every VM looping madd and cpy, each run verified:\n" +
-			"  moves       two boards, four VMs; half of --duration without moves, then --moves moves of\n" +
-			"              VMs 1 and 2 in turn to the other board; VMs 3 and 4 are never moved, and their\n" +
-			"              throughput with and without moves is the cost of a move to its neighbours\n" +
+			"  moves       two boards, four VMs; --duration cut into quiet segments and segments that\n" +
+			"              begin with a move, in turn: --moves moves of VMs 1 and 2 in turn to the other\n" +
+			"              board; VMs 3 and 4 are never moved, and their throughput in the two kinds of\n" +
+			"              segment is the cost of a move to its neighbours\n" +
 			"  overcommit  one board of three slots with --overcommit 2: six VMs, each reserving a whole\n" +
 			"              slot, take turns by eviction for --duration; then three VMs on the same board\n" +
 			"              without overcommit for as long\n" +
@@ -41,7 +42,7 @@ func mobilityCommand() *cli.Command {
 			"latency, and the unaffected VMs' slowdown during moves. Progress on stderr.\n\n" +
 			"Exit status: 0 every result verified and every phase went as expected, 1 otherwise, 2 usage error.",
 		Flags: []cli.Flag{
-			&cli.DurationFlag{Name: "duration", Value: 4 * time.Second, Usage: "load per phase (the moves phase: half before moves, half with), at least 1s"},
+			&cli.DurationFlag{Name: "duration", Value: 4 * time.Second, Usage: "load per phase, at least 1s"},
 			&cli.IntFlag{Name: "moves", Value: 8, Usage: "moves in the moves phase, 1..1000"},
 			&cli.StringFlag{Name: "modes", Value: "fv-optimized,fv-lazy,fv-bar-remap,fv-incremental", Usage: "the VMs' modes, VM i the i-th (cycled); full-virtualization modes, the first a BAR-remap one"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 256, Usage: "madd matrix dimension"},
@@ -246,7 +247,7 @@ func writeMobilityTables(w io.Writer, rep bench.MobilityReport) error {
 		what string
 		t    bench.MobilityThroughput
 	}{{"unaffected VMs", mp.Unaffected}, {"moved VMs", mp.Moved}} {
-		fmt.Fprintf(w, "  %s %s: %.1f runs/s before moves, %.1f during (×%.3f, slowdown %.1f%%)\n", t.what, strings.Join(t.t.VMs, ","),
+		fmt.Fprintf(w, "  %s %s: %.2f runs/s in the quiet segments, %.2f in those with a move (×%.3f, slowdown %.1f%%)\n", t.what, strings.Join(t.t.VMs, ","),
 			t.t.Before, t.t.During, t.t.Ratio, 100*(1-t.t.Ratio))
 	}
 	oc := rep.Overcommit
