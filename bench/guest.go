@@ -52,11 +52,13 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		// A reset of the vGPU under a run (the operator's gpuvm vgpu
 		// reset) is recovered from as a guest OS would: the driver
 		// re-initialises and the run is made again. A run the reset
-		// caught between its last fence and its read-back through BAR1
-		// reads the fresh GPU's memory and fails verification rather than
-		// with ErrDeviceReset: it is made again if the GPU reads as reset.
+		// caught elsewhere than in a fence wait fails otherwise — a
+		// read-back through BAR1 after its last fence reads the fresh
+		// GPU's memory and fails verification, a FECS command begun
+		// before the reset times out — so any failed run is made again if
+		// the GPU reads as reset.
 		opts.Recover = func(err error) bool {
-			if !errors.Is(err, nouveau.ErrDeviceReset) && !(errors.Is(err, workloads.ErrVerify) && drv.ResetDetected()) {
+			if !errors.Is(err, nouveau.ErrDeviceReset) && !drv.ResetDetected() {
 				return false
 			}
 			return drv.Reset() == nil
