@@ -73,6 +73,37 @@ func slotClean(t *testing.T, agg *Aggregator, bd *sim.Board, slot int) bool {
 	return len(r) == 0
 }
 
+// workEnded waits until g's work has ended on the aggregator its vGPU is
+// on: none of it queued or in flight, so each submission's GP_GET reached
+// its put (or its channel was stopped), and the board counted its entries.
+// The guest's fence passes inside an entry (its semaphore release), before
+// the board publishes GP_GET and counts the entry: a count read as soon as
+// the guest saw its last fence may miss that entry.
+func workEnded(t *testing.T, g *guestVM) {
+	t.Helper()
+	busy := func() bool {
+		agg, _ := g.v.where()
+		d := agg.disp
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if len(d.queues[g.v.ID]) > 0 {
+			return true
+		}
+		for _, s := range d.inflight {
+			if s.v == g.v {
+				return true
+			}
+		}
+		return false
+	}
+	// A hang guard, not a bound on the board's speed.
+	for deadline := time.Now().Add(time.Minute); busy(); time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the guest's work was still queued or in flight a minute after its last fence")
+		}
+	}
+}
+
 // A VM computing without pause is moved between two boards and back, and to
 // another slot of one board, while its workloads run: each of them
 // verifies, its id stays, and every slot it left holds nothing.
@@ -90,6 +121,7 @@ func TestMoveRunningVGPU(t *testing.T) {
 			base, bbase := newTestAggregator(t, 1)
 			g0 := startGuest(t, base, "mover", mode)
 			ctx0 := openContext(t, g0)
+			workEnded(t, g0)
 			open := bbase.Stats().GPFIFOEntries
 			var stop0 atomic.Bool
 			var runs0 atomic.Int64
@@ -97,6 +129,7 @@ func TestMoveRunningVGPU(t *testing.T) {
 			if err := workloadLoop(g0, ctx0, &stop0, &runs0); err != nil {
 				t.Fatal(err)
 			}
+			workEnded(t, g0)
 			perPass := bbase.Stats().GPFIFOEntries - open // one pass
 
 			a, b, ba, bb := twoBoards(t, 2)
@@ -170,6 +203,7 @@ func TestMoveRunningVGPU(t *testing.T) {
 			if moved == 0 {
 				t.Fatal("no VRAM was copied")
 			}
+			workEnded(t, g) // the boards it left stopped its channels
 			ran := ba.Stats().GPFIFOEntries + bb.Stats().GPFIFOEntries
 			if want := open + perPass*uint64(runs.Load()); ran != want {
 				t.Fatalf("the boards ran %d GPFIFO entries; %d passes submit %d", ran, runs.Load(), want)

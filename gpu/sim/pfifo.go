@@ -379,18 +379,23 @@ func (c *channel) run() {
 		}
 		get = (get + 1) % entries
 		c.mu.Lock()
-		if c.gen != gen {
+		// The entry's work is done (its fence may be visible already): a
+		// preempt that came after it does not take it back — it would run
+		// again on resume — only a re-enable (a fresh channel) voids it.
+		if c.epoch != epoch {
 			c.mu.Unlock()
 			return
 		}
 		c.gpGet = get
-		// DMA_GET (and its high word) follow the push-buffer fetch; GP_GET
-		// last, so whoever sees GP_GET move sees DMA_GET of that entry.
+		// Counted before GP_GET moves: whoever sees GP_GET move sees the
+		// entry counted. DMA_GET (and its high word) follow the push-buffer
+		// fetch; GP_GET last, so whoever sees GP_GET move sees DMA_GET of
+		// that entry.
+		b.st.gpEntries.Add(1)
 		b.physWrite32(phys{addr: user + nvc0.UserDMAGet}, uint32(end))
 		b.physWrite32(phys{addr: user + nvc0.UserDMAGetHi}, uint32(end>>32))
 		b.physWrite32(phys{addr: user + nvc0.UserGPGet}, get)
 		c.mu.Unlock()
-		b.st.gpEntries.Add(1)
 	}
 }
 
