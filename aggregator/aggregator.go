@@ -348,13 +348,18 @@ func (a *Aggregator) OutOfService() map[int]string {
 	return out
 }
 
-// VGPUs returns the attached vGPUs.
+// VGPUs returns the attached vGPUs: those in its slots (also while a move
+// or an eviction pauses them; not a slot held for a vGPU being built or
+// moved here) and those parked on it.
 func (a *Aggregator) VGPUs() []*VGPU {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []*VGPU
 	for _, v := range a.vgpus {
-		if v != nil && v.shadows != nil && v.agg != nil {
+		if v == nil {
+			continue
+		}
+		if cur, _ := v.where(); cur != nil && a.parked[v.ID] != v {
 			out = append(out, v)
 		}
 	}

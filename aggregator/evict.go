@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 )
@@ -112,13 +113,13 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 	// restore hands it the new one (remap_rebind.go). An eviction that
 	// does not happen gives it back.
 	if err := v.revokeRemap(ctx); err != nil {
-		v.log.Warn("evict: remap revoke", "err", err)
+		v.logger().Warn("evict: remap revoke", "err", err)
 	}
 	parked := false
 	defer func() {
 		if !parked {
 			if err := v.rebindRemap(); err != nil {
-				v.log.Warn("evict: remap rebind", "err", err)
+				v.logger().Warn("evict: remap rebind", "err", err)
 			}
 		}
 	}()
@@ -171,7 +172,7 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 	v.dead = true
 	v.mu.Unlock()
 	why := fmt.Sprintf("eviction of vGPU %d failed: %s", v.ID, failed)
-	v.log.Error("vGPU eviction failed: destroying it", "failed", failed, "err", err)
+	v.logger().Error("vGPU eviction failed: destroying it", "failed", failed, "err", err)
 	return st, errors.Join(fmt.Errorf("evict vGPU %d: %w: %s: %w", v.ID, ErrMoveDestroyed, failed, err), a.Destroy(v, why))
 }
 
@@ -306,7 +307,7 @@ func (v *VGPU) restoreOn(dst *Aggregator, to Slot) (EvictStats, error) {
 		dst.freeHeld(to.Index)
 	}
 	why := fmt.Sprintf("restore of vGPU %d failed: %s", v.ID, failed)
-	v.log.Error("vGPU restore failed: destroying it", "failed", failed, "err", err)
+	v.logger().Error("vGPU restore failed: destroying it", "failed", failed, "err", err)
 	go func() { _ = cur.Destroy(v, why) }() // it takes v.mu, which the caller holds
 	return st, fmt.Errorf("restore vGPU %d: %w: %s: %w", v.ID, ErrMoveDestroyed, failed, err)
 }
@@ -365,7 +366,7 @@ func (a *Aggregator) handDomain(v *VGPU, dst *Aggregator) {
 // Called without v.mu.
 func (v *VGPU) rebindParked() {
 	if err := v.rebindRemap(); err != nil {
-		v.log.Warn("restore: remap rebind", "err", err)
+		v.logger().Warn("restore: remap rebind", "err", err)
 	}
 }
 
@@ -642,11 +643,12 @@ func (a *Aggregator) restartElsewhere(v *VGPU) bool {
 	if dst == nil || dst == a {
 		return false
 	}
+	// a.log, not v.log: a restore on dst may set that once handed over.
 	if err := a.handOver(v, dst); err != nil {
-		v.log.Warn("parked vGPU of a lost board not restarted elsewhere", "to_board", dst.opts.BoardName, "err", err)
+		a.log.Warn("parked vGPU of a lost board not restarted elsewhere", "vgpu", v.ID, "name", v.Guest.Name, "to_board", dst.opts.BoardName, "err", err)
 		return false
 	}
-	v.log.Info("parked vGPU of a lost board restarted from its image on another board", "from_board", a.opts.BoardName)
+	a.log.Info("parked vGPU of a lost board restarted from its image on another board", "vgpu", v.ID, "name", v.Guest.Name, "to_board", dst.opts.BoardName)
 	return true
 }
 
@@ -668,4 +670,12 @@ func (a *Aggregator) handOver(v *VGPU, dst *Aggregator) error {
 	v.setPlace(dst, v.Slot) // Index -1: no slot
 	a.handDomain(v, dst)
 	return nil
+}
+
+// logger is v.log for callers that may not hold v.mu: a move or restore
+// sets it under placeMu.
+func (v *VGPU) logger() *slog.Logger {
+	v.placeMu.RLock()
+	defer v.placeMu.RUnlock()
+	return v.log
 }

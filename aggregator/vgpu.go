@@ -228,7 +228,7 @@ func (v *VGPU) gripeLog(msg string, args ...any) {
 func (v *VGPU) Counters() Counters {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.shadows == nil && v.image == nil {
+	if v.agg == nil { // a slot held for a vGPU being built or moved
 		return Counters{}
 	}
 	return v.snapshot()
