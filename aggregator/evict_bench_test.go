@@ -8,7 +8,6 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/gpu/sim"
-	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 )
 
 // BenchmarkEvictRestore parks a vGPU holding MiB of data and brings it back
@@ -33,22 +32,7 @@ func BenchmarkEvictRestore(b *testing.B) {
 			}
 			b.Cleanup(func() { a.Close() })
 			g := startGuest(b, a, "parked", "fv-optimized")
-			ctx, err := gdev.NewContext(g.dev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ctx.Close()
-			p, err := ctx.MemAlloc(uint64(mib) << 20)
-			if err != nil {
-				b.Fatal(err)
-			}
-			data := make([]byte, mib<<20)
-			for i := range data {
-				data[i] = byte(i*5 + 3)
-			}
-			if err := ctx.MemcpyHtoD(p, data); err != nil {
-				b.Fatal(err)
-			}
+			ctx, p, data := guestData(b, g, mib)
 			var evict, restore time.Duration
 			var bytes uint64
 			b.ResetTimer()
@@ -71,15 +55,7 @@ func BenchmarkEvictRestore(b *testing.B) {
 			b.ReportMetric(float64(evict.Microseconds())/float64(b.N)/inUse, "evict-µs/MiB")
 			b.ReportMetric(float64(restore.Microseconds())/float64(b.N)/inUse, "restore-µs/MiB")
 			b.ReportMetric(float64(1<<20)/cfg.Timing.DMABytesPerSec*1e6, "dma-bound-µs/MiB")
-			out := make([]byte, len(data))
-			if err := ctx.MemcpyDtoH(out, p); err != nil {
-				b.Fatal(err)
-			}
-			for i := range out {
-				if out[i] != data[i] {
-					b.Fatalf("byte %d of the guest's data changed across %d evictions", i, b.N)
-				}
-			}
+			checkGuestData(b, ctx, p, data, "evictions")
 		})
 	}
 }

@@ -38,22 +38,7 @@ func BenchmarkMove(b *testing.B) {
 				aggs[i] = a
 			}
 			g := startGuest(b, aggs[0], "mover", "fv-optimized")
-			ctx, err := gdev.NewContext(g.dev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ctx.Close()
-			p, err := ctx.MemAlloc(uint64(mib) << 20)
-			if err != nil {
-				b.Fatal(err)
-			}
-			data := make([]byte, mib<<20)
-			for i := range data {
-				data[i] = byte(i*7 + 1)
-			}
-			if err := ctx.MemcpyHtoD(p, data); err != nil {
-				b.Fatal(err)
-			}
+			ctx, p, data := guestData(b, g, mib)
 			var down, cp time.Duration
 			var bytes uint64
 			b.ResetTimer()
@@ -71,15 +56,46 @@ func BenchmarkMove(b *testing.B) {
 			b.ReportMetric(inUse, "MiB-in-use")
 			b.ReportMetric(float64(down.Microseconds())/float64(b.N)/inUse, "pause-µs/MiB")
 			b.ReportMetric(float64(cp.Microseconds())/float64(b.N)/inUse, "copy-µs/MiB")
-			out := make([]byte, len(data))
-			if err := ctx.MemcpyDtoH(out, p); err != nil {
-				b.Fatal(err)
-			}
-			for i := range out {
-				if out[i] != data[i] {
-					b.Fatalf("byte %d of the guest's data changed across %d moves", i, b.N)
-				}
-			}
+			checkGuestData(b, ctx, p, data, "moves")
 		})
+	}
+}
+
+// guestData gives g a context holding mib MiB of its own data, written
+// through its driver (so exactly those pages are resident), closed at the
+// benchmark's end.
+func guestData(b *testing.B, g *guestVM, mib int) (*gdev.Context, gdev.DevPtr, []byte) {
+	b.Helper()
+	ctx, err := gdev.NewContext(g.dev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ctx.Close() })
+	p, err := ctx.MemAlloc(uint64(mib) << 20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, mib<<20)
+	for i := range data {
+		data[i] = byte(i*7 + 1)
+	}
+	if err := ctx.MemcpyHtoD(p, data); err != nil {
+		b.Fatal(err)
+	}
+	return ctx, p, data
+}
+
+// checkGuestData fails b unless the guest's data at p still reads data
+// after what (moves, evictions).
+func checkGuestData(b *testing.B, ctx *gdev.Context, p gdev.DevPtr, data []byte, what string) {
+	b.Helper()
+	out := make([]byte, len(data))
+	if err := ctx.MemcpyDtoH(out, p); err != nil {
+		b.Fatal(err)
+	}
+	for i := range out {
+		if out[i] != data[i] {
+			b.Fatalf("byte %d of the guest's data changed across the %s", i, what)
+		}
 	}
 }

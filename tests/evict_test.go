@@ -3,8 +3,6 @@ package tests
 import (
 	"bytes"
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,27 +51,10 @@ func TestEvictHostileVM(t *testing.T) {
 	outside := []uint64{vramPerVM, canary.phys &^ (pageSize - 1), (canary.phys - e.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
 	va := h.mapVRAM(t, h.own)
 
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var rung, remapped atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; !stop.Load(); i++ {
-			for range 64 {
-				h.ring(g, put)
-			}
-			rung.Add(64)
-			if err := h.vm.MapVRAM(va, outside[i%len(outside)], pageSize); err == nil {
-				_ = h.vm.MapVRAM(va, h.own, pageSize)
-				remapped.Add(1)
-			}
-		}
-	}()
+	f := startFlood(h, g, put, va, outside)
 	var copied uint64
 	for i := range 4 {
-		n := rung.Load()
-		if !pollUntil(time.Minute, func() bool { return rung.Load() >= n+256 }) {
+		if !f.progress(t) {
 			t.Fatalf("eviction %d: the flood stalled", i)
 		}
 		st := evictNow(t, e, hv)
@@ -83,16 +64,15 @@ func TestEvictHostileVM(t *testing.T) {
 			t.Fatalf("eviction %d: the vGPU was in slot %d, not the slot it came back to (1)", i, st.Slot)
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
+	f.stop()
 	// Parked with nothing to bring it back: the slot it left holds nothing.
 	st := evictNow(t, e, hv)
 	if pages := e.residentPages(t, st.Slot); len(pages) > 0 {
 		t.Fatalf("slot %d holds %d pages while its vGPU is parked (first %#x)", st.Slot, len(pages), pages[0])
 	}
-	t.Logf("%d doorbells and %d page-table rewrites across the evictions", rung.Load(), remapped.Load())
-	if remapped.Load() == 0 || copied == 0 {
-		t.Fatalf("the attack did not run (%d rewrites) or nothing was copied (%d bytes)", remapped.Load(), copied)
+	t.Logf("%d doorbells and %d page-table rewrites across the evictions", f.rung.Load(), f.remapped.Load())
+	if f.remapped.Load() == 0 || copied == 0 {
+		t.Fatalf("the attack did not run (%d rewrites) or nothing was copied (%d bytes)", f.remapped.Load(), copied)
 	}
 	c := hv.Counters()
 	if c.Evictions != 5 || c.Restores < 4 {

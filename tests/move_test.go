@@ -206,36 +206,16 @@ func TestMoveHostileVM(t *testing.T) {
 	outside := []uint64{vramPerVM, canaryA.phys &^ (pageSize - 1), (canaryA.phys - a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
 	va := h.mapVRAM(t, h.own)
 
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var rung, remapped atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; !stop.Load(); i++ {
-			for range 64 {
-				h.ring(g, put)
-			}
-			rung.Add(64)
-			// Its page table: an entry naming memory outside its slice,
-			// then its own page again (the driver flushes the TLB).
-			if err := h.vm.MapVRAM(va, outside[i%len(outside)], pageSize); err == nil {
-				_ = h.vm.MapVRAM(va, h.own, pageSize)
-				remapped.Add(1)
-			}
-		}
-	}()
+	f := startFlood(h, g, put, va, outside)
 	for i, to := range []*env{b, a, b, a} {
-		n := rung.Load()
-		if !pollUntil(time.Minute, func() bool { return rung.Load() >= n+256 }) {
+		if !f.progress(t) {
 			t.Fatalf("hop %d: the flood stalled", i)
 		}
 		moveTo(t, hv, to)
 	}
-	stop.Store(true)
-	wg.Wait()
-	t.Logf("%d doorbells and %d page-table rewrites during the moves", rung.Load(), remapped.Load())
-	if remapped.Load() == 0 {
+	f.stop()
+	t.Logf("%d doorbells and %d page-table rewrites during the moves", f.rung.Load(), f.remapped.Load())
+	if f.remapped.Load() == 0 {
 		t.Fatal("no page-table rewrite happened: the attack did not run")
 	}
 	// Its own VRAM moved with it, and its channel still works.
@@ -465,4 +445,48 @@ func TestMoveWaitsForWorkInFlight(t *testing.T) {
 		h.newChannel(t)
 		h.controlCopies(t)
 	})
+}
+
+// flood is a hostile guest's attack loop: doorbell floods (64 rings of its
+// channel g at put at a time) and page-table rewrites (va's entry naming
+// memory outside its slice, then its own page again; its driver flushes the
+// TLB), counting both, until stop.
+type flood struct {
+	halt           atomic.Bool
+	wg             sync.WaitGroup
+	rung, remapped atomic.Int64
+}
+
+// startFlood starts the attack loop of h.
+func startFlood(h *attacker, g guestChan, put uint32, va uint64, outside []uint64) *flood {
+	f := &flood{}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for i := 0; !f.halt.Load(); i++ {
+			for range 64 {
+				h.ring(g, put)
+			}
+			f.rung.Add(64)
+			if err := h.vm.MapVRAM(va, outside[i%len(outside)], pageSize); err == nil {
+				_ = h.vm.MapVRAM(va, h.own, pageSize)
+				f.remapped.Add(1)
+			}
+		}
+	}()
+	return f
+}
+
+// progress waits until the flood rang 256 more doorbells (false: it
+// stalled for a minute, a hang guard).
+func (f *flood) progress(t *testing.T) bool {
+	t.Helper()
+	n := f.rung.Load()
+	return pollUntil(time.Minute, func() bool { return f.rung.Load() >= n+256 })
+}
+
+// stop ends the loop and waits for it.
+func (f *flood) stop() {
+	f.halt.Store(true)
+	f.wg.Wait()
 }
