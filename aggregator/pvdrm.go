@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
@@ -55,6 +56,12 @@ const (
 // path of a host driver (no trap). Accesses the vGPU forwards to the board
 // are charged by the board as any physical access is.
 type vgpuPort struct{ v *VGPU }
+
+// Port is v's BARs as a driver in the aggregator's own process reaches
+// them (tests of other packages open a guest driver on it): every access
+// is a trapped access of the vGPU; one that fails reads all ones, as a
+// gone device does. It stays v's across moves and evictions.
+func (v *VGPU) Port() gpu.MMIO { return vgpuPort{v} }
 
 func (p vgpuPort) Read32(bar int, off uint64) uint32 {
 	val, err := p.v.Read32(bar, off)

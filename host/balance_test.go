@@ -9,26 +9,12 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
-	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/kernels"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 )
 
-// port is a guest driver's path to its vGPU in this process; the vGPU
-// stays the same object across moves.
-type port struct{ v *aggregator.VGPU }
-
-func (p port) Read32(bar int, off uint64) uint32 {
-	val, err := p.v.Read32(bar, off)
-	if err != nil {
-		return 0xFFFFFFFF
-	}
-	return val
-}
-
-func (p port) Write32(bar int, off uint64, val uint32) { _ = p.v.Write32(bar, off, val) }
 
 // busyVM is a guest computing without pause: long matrix multiplications,
 // each result checked.
@@ -43,30 +29,15 @@ type busyVM struct {
 // computing; the test's end stops it.
 func startBusy(t *testing.T, h *Host, domid uint32, name, mode string) *busyVM {
 	t.Helper()
-	g := aggregator.Guest{DomID: domid, Name: name, Mode: mode}
-	b, d := h.Place(g)
+	b, v, ram, d := attachRAM(t, h, domid, name, mode, 64<<20)
 	if b == nil {
 		t.Fatalf("place %s: %s", name, d.Reason)
-	}
-	ram, err := hostmem.New(name, 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ram.Close() })
-	f, err := ram.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	v, err := b.Agg.Attach(g, f, ram.Size())
-	if err != nil {
-		t.Fatalf("attach %s on %s: %v", name, b.Name, err)
 	}
 	pv := nouveau.PVOff
 	if mode == "pv-multicall" {
 		pv = nouveau.PVMulticall
 	}
-	dev, err := nouveau.Open(port{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: pv})
+	dev, err := nouveau.Open(v.Port(), ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size, PV: pv})
 	if err != nil {
 		t.Fatalf("guest driver of %s (%s): %v", name, mode, err)
 	}

@@ -69,12 +69,20 @@ func attach(t *testing.T, h *Host, domid uint32, name string) (*Board, *aggregat
 // attachMode is attach in a mode.
 func attachMode(t *testing.T, h *Host, domid uint32, name, mode string) (*Board, *aggregator.VGPU, Decision) {
 	t.Helper()
+	b, v, _, d := attachRAM(t, h, domid, name, mode, 16<<20)
+	return b, v, d
+}
+
+// attachRAM is attachMode with ramSize bytes of guest RAM, which it returns
+// (closed at the test's end).
+func attachRAM(t *testing.T, h *Host, domid uint32, name, mode string, ramSize uint64) (*Board, *aggregator.VGPU, *hostmem.RAM, Decision) {
+	t.Helper()
 	g := aggregator.Guest{DomID: domid, Name: name, Mode: mode}
 	b, d := h.Place(g)
 	if b == nil {
-		return nil, nil, d
+		return nil, nil, nil, d
 	}
-	ram, err := hostmem.New(name, 16<<20)
+	ram, err := hostmem.New(name, ramSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +96,7 @@ func attachMode(t *testing.T, h *Host, domid uint32, name, mode string) (*Board,
 	if err != nil {
 		t.Fatalf("attach on the placed board %s: %v", b.Name, err)
 	}
-	return b, v, d
+	return b, v, ram, d
 }
 
 func TestPlacementSpreadsByWeightThenFit(t *testing.T) {

@@ -20,18 +20,6 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
-// port is a guest driver's path to its vGPU in this process.
-type port struct{ v *aggregator.VGPU }
-
-func (p port) Read32(bar int, off uint64) uint32 {
-	val, err := p.v.Read32(bar, off)
-	if err != nil {
-		return 0xFFFFFFFF
-	}
-	return val
-}
-
-func (p port) Write32(bar int, off uint64, val uint32) { _ = p.v.Write32(bar, off, val) }
 
 func newAggregator(t *testing.T) *aggregator.Aggregator {
 	t.Helper()
@@ -72,7 +60,7 @@ func startGuest(t *testing.T, agg *aggregator.Aggregator, domid uint32, name str
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := nouveau.Open(port{v}, ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size})
+	dev, err := nouveau.Open(v.Port(), ram, nouveau.Options{BAR1Size: v.Slot.BAR1.Size, BAR3Size: v.Slot.BAR3.Size})
 	if err != nil {
 		t.Fatal(err)
 	}
