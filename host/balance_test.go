@@ -15,7 +15,6 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 )
 
-
 // busyVM is a guest computing without pause: long matrix multiplications,
 // each result checked.
 type busyVM struct {

@@ -20,7 +20,6 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
 
-
 func newAggregator(t *testing.T) *aggregator.Aggregator {
 	t.Helper()
 	part := config.PartitionConfig{VRAMPerVM: 256 << 20, ChannelsPerVM: 8, BAR1PerVM: 16 << 20, BAR3PerVM: 4 << 20, Reserved: 128 << 20}
