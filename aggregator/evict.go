@@ -397,6 +397,9 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, er
 		if lost, why := a.Lost(); lost {
 			return Slot{}, fmt.Errorf("board %s: %w: %s", a.opts.BoardName, ErrBoardLost, why)
 		}
+		if v.detached() { // its VM went while it waited: evict no one for it
+			return Slot{}, ErrDetached
+		}
 		to, err := a.holdSlotPrefer(v, prefer)
 		if err == nil {
 			return to, nil

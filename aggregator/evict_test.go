@@ -260,3 +260,53 @@ func TestLostBoardRestartsParkedVGPU(t *testing.T) {
 	verifiedWork(t, parked)
 	verifiedWork(t, bystander)
 }
+
+// TestParkedVGPUTornDownWhileWaitingForRoom: a parked vGPU's guest access
+// waits for a slot (a VM whose work never ends holds the only one) when
+// its VM goes. The teardown does not wait for the restore; the waiting
+// access ends without restoring anything, no slot is left held, and the
+// hog's work completes once released (the hog may have been evicted for a
+// waiter that was already choosing it: harmless, it comes back).
+func TestParkedVGPUTornDownWhileWaitingForRoom(t *testing.T) {
+	agg, _ := overcommitted(t, 30*time.Second)
+	parked := startGuest(t, agg, "parked", "fv-optimized")
+	verifiedWork(t, parked)
+	time.Sleep(5 * time.Millisecond)
+	hog := startGuest(t, agg, "hog", "fv-optimized") // evicts the idle one
+	if !parked.v.Evicted() {
+		t.Fatal("not parked")
+	}
+	ch, seq, sem := stuckChannel(t, hog)
+	waitReleased(t, agg, hog.v, ch.ID())
+	done := make(chan error, 1)
+	go func() {
+		_, err := parked.v.Read32(nvc0.BAR0, nvc0.RegBoot0) // waits for room
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it wait (not a measurement)
+	if err := agg.Destroy(parked.v, "test: its VM went while it waited for a slot"); err != nil {
+		t.Fatalf("destroy a parked vGPU waiting for room: %v", err)
+	}
+	sem.Bytes[0] = 1 // the hog's work ends: its slot could be taken now
+	select {
+	case <-done:
+	case <-time.After(time.Minute): // a hang guard
+		t.Fatal("the waiting access never ended")
+	}
+	if !parked.v.detached() {
+		t.Fatal("the parked vGPU is not torn down")
+	}
+	if err := ch.WaitFence(seq); err != nil {
+		t.Fatalf("the hog's work: %v", err)
+	}
+	if n := len(agg.VGPUs()); n != 1 {
+		t.Fatalf("after the teardown: %d vGPUs listed, want the hog alone", n)
+	}
+	if room := agg.Room(); room != 1 {
+		t.Fatalf("room %d after the parked vGPU went, want 1 (a slot left held?)", room)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	verifiedWork(t, hog)
+}
