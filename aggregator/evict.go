@@ -400,6 +400,16 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, er
 		if v.detached() { // its VM went while it waited: evict no one for it
 			return Slot{}, ErrDetached
 		}
+		if a.renewing(v, prefer) {
+			// The slot it left is being scrubbed for it (Evict's last
+			// step): wait for that rather than take a neighbour's place.
+			select {
+			case <-ctx.Done():
+				return Slot{}, fmt.Errorf("board %s, after %v, its slot still being renewed: %w", a.opts.BoardName, time.Since(start).Round(time.Millisecond), ErrNoRoom)
+			case <-time.After(roomNap):
+			}
+			continue
+		}
 		to, err := a.holdSlotPrefer(v, prefer)
 		if err == nil {
 			return to, nil
@@ -424,6 +434,14 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, er
 		case <-time.After(roomNap):
 		}
 	}
+}
+
+// renewing reports whether slot still carries parked v: its eviction is
+// scrubbing the slot and has not freed it yet.
+func (a *Aggregator) renewing(v *VGPU, slot int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slot >= 0 && slot < len(a.vgpus) && a.vgpus[slot] == v
 }
 
 // evictIdle is Options.EvictIdle with its default.

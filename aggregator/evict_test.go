@@ -310,3 +310,52 @@ func TestParkedVGPUTornDownWhileWaitingForRoom(t *testing.T) {
 	}
 	verifiedWork(t, hog)
 }
+
+// TestRestoreWaitsForItsSlotsRenewal: a guest access that arrives while
+// the eviction is still scrubbing the slot its vGPU left (the vGPU is
+// parked, the slot not yet free) waits for that slot rather than taking a
+// free one beside it: the vGPU comes back where it was. The scrub is
+// stretched here by holding the slot as Evict's last step does.
+func TestRestoreWaitsForItsSlotsRenewal(t *testing.T) {
+	agg, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Overcommit: 2, EvictIdle: time.Millisecond,
+		MinResidency: time.Millisecond, RestoreWait: 30 * time.Second, Timeout: 2 * time.Second})
+	g := startGuest(t, agg, "renewed", "fv-optimized")
+	verifiedWork(t, g)
+	home := g.v.Slot.Index
+	if _, err := agg.Evict(context.Background(), g.v, "test"); err != nil {
+		t.Fatal(err)
+	}
+	agg.mu.Lock()
+	if agg.vgpus[home] != nil {
+		agg.mu.Unlock()
+		t.Fatalf("slot %d not freed after the eviction", home)
+	}
+	agg.vgpus[home] = g.v // as between Evict's parking and its releaseMoved
+	agg.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.v.Read32(nvc0.BAR0, nvc0.RegBoot0) // brings it back
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // the scrub takes a while (not a measurement)
+	select {
+	case err := <-done:
+		t.Fatalf("the access came back (err %v) while its slot was still being renewed: slot %d", err, g.v.Info().Slot)
+	default:
+	}
+	agg.mu.Lock()
+	agg.vgpus[home] = nil // the scrub is done
+	agg.mu.Unlock()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+	case <-time.After(time.Minute): // a hang guard
+		t.Fatal("the access never ended")
+	}
+	if got := g.v.Info().Slot; got != home {
+		t.Fatalf("the vGPU came back to slot %d, not the slot it left (%d)", got, home)
+	}
+	verifiedWork(t, g)
+}
