@@ -170,3 +170,38 @@ func (t *Translator) translate(g nvc0.PTE, pageSize uint64) (nvc0.PTE, bool) {
 		Kind:     g.Kind,
 	}, true
 }
+
+// GuestPTE is the inverse of PTE and LargePTE: the guest entry (as the
+// guest would write it, less the privileged bit, which translation clears)
+// that a shadow entry shadow was translated from. A non-present entry
+// yields the zero entry; ok is false if shadow maps neither the slice nor
+// the RAM. A move uses it to carry entries the aggregator wrote for the
+// guest (PV tables) to another slice: GuestPTE by the old translator, then
+// PTE by the new one.
+func (t *Translator) GuestPTE(shadow nvc0.PTE) (guest nvc0.PTE, ok bool) {
+	if !shadow.Present {
+		return nvc0.PTE{}, true
+	}
+	g := shadow
+	switch {
+	case shadow.Target == nvc0.TargetVRAM:
+		g.Addr, ok = t.GuestVRAMAddr(shadow.Addr)
+	case shadow.IsSystem():
+		ok = shadow.Addr >= t.l.RAMBase && shadow.Addr-t.l.RAMBase < t.l.RAMSize
+		g.Addr = shadow.Addr - t.l.RAMBase
+	}
+	if !ok {
+		return nvc0.PTE{}, false
+	}
+	return g, true
+}
+
+// guestWord is GuestPTE on an entry word (lo | hi<<32).
+func (t *Translator) guestWord(w uint64) (uint64, bool) {
+	g, ok := t.GuestPTE(nvc0.DecodePTE(uint32(w), uint32(w>>32)))
+	if !ok {
+		return 0, false
+	}
+	lo, hi := g.Encode()
+	return uint64(lo) | uint64(hi)<<32, true
+}
