@@ -58,6 +58,7 @@ const roomNap = time.Millisecond
 // of its slot in use, at offsets from the slot's base.
 type evictImage struct {
 	chans [][]uint32
+	pv    *pvImage // a PV vGPU's tables and apertures (pvmove.go)
 	pages []imagePage
 	bytes uint64
 }
@@ -77,7 +78,8 @@ func (m *evictImage) scrub() {
 	for _, c := range m.chans {
 		clear(c)
 	}
-	m.pages, m.chans, m.bytes = nil, nil, 0
+	m.pv.scrub()
+	m.pages, m.chans, m.pv, m.bytes = nil, nil, nil, 0
 }
 
 // EvictStats describes one eviction or restore.
@@ -103,9 +105,6 @@ func (v *VGPU) touch() { v.active.Store(time.Now().UnixNano()) }
 // nothing. Evicting a parked vGPU does nothing.
 func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictStats, error) {
 	st := EvictStats{Board: a.opts.BoardName, Slot: -1}
-	if v.feat.PV || v.feat.PVDRM {
-		return st, fmt.Errorf("evict vGPU %d: mode %s: %w", v.ID, v.Guest.Mode, ErrMoveUnsupported)
-	}
 	if err := canMove(a, a); err != nil {
 		return st, fmt.Errorf("evict vGPU %d: %w", v.ID, err)
 	}
@@ -188,10 +187,15 @@ func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string
 	for i, img := range imgs {
 		pending = pending || (img != nil && v.chans[i].put != img[chanImageGPGet])
 	}
+	pv, err := v.exportPV()
+	if err != nil {
+		return pending, "describing its PV page tables", err
+	}
 	if failed, err := v.leaveBoard(a, chans); failed != "" {
+		pv.scrub()
 		return pending, failed, err
 	}
-	img := &evictImage{chans: imgs}
+	img := &evictImage{chans: imgs, pv: pv}
 	if err := exportSlot(a, from.VRAM, img); err != nil {
 		img.scrub()
 		return pending, "copying its VRAM out", err
@@ -330,7 +334,7 @@ func (v *VGPU) restore(src, dst *Aggregator, to Slot, st *EvictStats) (failed st
 	chans := img.chans
 	v.image = nil
 	v.setPlace(dst, to)
-	gets, err := v.rebuild(dst, chans)
+	gets, err := v.rebuild(dst, chans, img.pv)
 	img.scrub()
 	if err != nil {
 		return "rebuilding it on the slot", err
@@ -338,9 +342,7 @@ func (v *VGPU) restore(src, dst *Aggregator, to Slot, st *EvictStats) (failed st
 	if err := dst.disp.addVM(v, dst.weightFor(v.Guest)); err != nil {
 		return "joining the board's scheduler", err
 	}
-	if l := v.irq.line.Load(); l != nil {
-		dst.disp.onEnded(v, l.raise)
-	}
+	v.rewireEnded(dst)
 	v.requeue(gets)
 	if src != dst {
 		src.handDomain(v, dst)
@@ -476,7 +478,7 @@ func (a *Aggregator) victim(except *VGPU, preempt bool, refused map[*VGPU]bool) 
 	a.mu.Lock()
 	var cands []*VGPU
 	for _, u := range a.vgpus {
-		if u != nil && u != except && u.agg != nil && !u.feat.PV && !u.feat.PVDRM && !u.evicted.Load() && !refused[u] {
+		if u != nil && u != except && u.agg != nil && !u.evicted.Load() && !refused[u] {
 			cands = append(cands, u)
 		}
 	}

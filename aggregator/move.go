@@ -30,10 +30,9 @@ import (
 // reports, the id) is kept. The old slot is renewed (scrubbed, every outside
 // mapping orphaned) and freed like any teardown.
 
-// ErrMoveUnsupported is returned for a vGPU that cannot be moved: the PV
-// modes (their page tables are built by hypercalls into the aggregator's
-// reserve) and pvdrm (its driver state is the back end's), and host GPUs
-// that cannot save a channel's state or copy VRAM.
+// ErrMoveUnsupported is returned for a vGPU that cannot be moved: one with
+// a channel out of service, or on a host GPU that cannot save a channel's
+// state or copy VRAM.
 var ErrMoveUnsupported = errors.New("move not supported for this vGPU")
 
 // ErrMoveDestroyed is returned when a move could not stop the vGPU's
@@ -84,9 +83,6 @@ const moveChunk = 1 << 20
 func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 	src, _ := v.where()
 	st := MoveStats{FromBoard: src.opts.BoardName, ToBoard: dst.opts.BoardName}
-	if v.feat.PV || v.feat.PVDRM {
-		return st, fmt.Errorf("move vGPU %d: mode %s (its page tables or driver state live in the aggregator): %w", v.ID, v.Guest.Mode, ErrMoveUnsupported)
-	}
 	if err := canMove(src, dst); err != nil {
 		return st, fmt.Errorf("move vGPU %d: %w", v.ID, err)
 	}
@@ -366,6 +362,11 @@ func (v *VGPU) move(src, dst *Aggregator, to Slot, st *MoveStats) (failed string
 	if failed != "" {
 		return failed, err
 	}
+	pv, err := v.exportPV()
+	if err != nil {
+		return "describing its PV page tables", err
+	}
+	defer pv.scrub()
 	if failed, err := v.leaveBoard(src, chans); failed != "" {
 		return failed, err
 	}
@@ -381,16 +382,14 @@ func (v *VGPU) move(src, dst *Aggregator, to Slot, st *MoveStats) (failed string
 		v.ramBase = 0
 		return "registering its RAM with the new board", err
 	}
-	gets, err := v.rebuild(src, imgs)
+	gets, err := v.rebuild(src, imgs, pv)
 	if err != nil {
 		return "rebuilding it on the new slot", err
 	}
 	if err := dst.disp.addVM(v, dst.weightFor(v.Guest)); err != nil {
 		return "joining the new board's scheduler", err
 	}
-	if l := v.irq.line.Load(); l != nil {
-		dst.disp.onEnded(v, l.raise)
-	}
+	v.rewireEnded(dst)
 	v.requeue(gets)
 	return "", nil
 }
@@ -450,9 +449,10 @@ func copyVRAM(src *Aggregator, from Region, dst *Aggregator, base uint64, st *Mo
 }
 
 // rebuild builds v's physical state on its new slot from its guest-visible
-// state: translator, shadows and BAR spaces; BAR instances; channels with
-// their saved state (imgs, for those that ran). Called with v.mu held.
-func (v *VGPU) rebuild(src *Aggregator, imgs [][]uint32) (gets []int64, err error) {
+// state: translator, shadows and BAR spaces; BAR instances, or for a PV
+// vGPU its PV tables and apertures (pv); channels with their saved state
+// (imgs, for those that ran). Called with v.mu held.
+func (v *VGPU) rebuild(src *Aggregator, imgs [][]uint32, pv *pvImage) (gets []int64, err error) {
 	a := v.agg
 	gets = make([]int64, len(v.chans))
 	for i := range gets {
@@ -482,8 +482,14 @@ func (v *VGPU) rebuild(src *Aggregator, imgs [][]uint32) (gets []int64, err erro
 	v.synced = map[*shadow.Space]bool{}
 	v.stale = map[*shadow.Space]bool{}
 	v.remapAt, v.remapStale = 0, true
-	v.bars[0].setInst(v.emu[nvc0.RegBAR1Inst])
-	v.bars[1].setInst(v.emu[nvc0.RegBAR3Inst])
+	if v.feat.PV {
+		if err := v.importPV(pv); err != nil {
+			return gets, fmt.Errorf("PV page tables: %w", err)
+		}
+	} else {
+		v.bars[0].setInst(v.emu[nvc0.RegBAR1Inst])
+		v.bars[1].setInst(v.emu[nvc0.RegBAR3Inst])
+	}
 	restorer := a.gpu.(ChannelStateMover)
 	var errs []error
 	for i := range v.chans {

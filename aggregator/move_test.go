@@ -114,7 +114,7 @@ func workEnded(t *testing.T, g *guestVM) {
 // entries both boards ran are counted against a run of the same passes on
 // one board without moves.
 func TestMoveRunningVGPU(t *testing.T) {
-	for _, mode := range []string{"fv-naive", "fv-optimized", "fv-incremental"} {
+	for _, mode := range []string{"fv-naive", "fv-optimized", "fv-incremental", "pv-naive", "pv-multicall"} {
 		t.Run(mode, func(t *testing.T) {
 			// The baseline: GPFIFO entries of the driver's open, and of one
 			// pass over the workloads.
@@ -245,13 +245,5 @@ func TestMoveRefused(t *testing.T) {
 			t.Fatalf("move to a failed board: %v", err)
 		}
 		runAllWorkloads(t, g, "fv-optimized")
-	})
-	t.Run("pv", func(t *testing.T) {
-		a, b, _, _ := twoBoards(t, 2)
-		g := startGuest(t, a, "vm1", "pv-multicall")
-		if _, err := Move(context.Background(), g.v, b); !errors.Is(err, ErrMoveUnsupported) {
-			t.Fatalf("move of a PV vGPU: %v", err)
-		}
-		runAllWorkloads(t, g, "pv-multicall")
 	})
 }

@@ -111,7 +111,8 @@ func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdr
 	// (Destroy), so its teardown's dropVM is still to come and forgets it.
 	v.mu.Lock()
 	if !v.dead {
-		a.disp.onEnded(v, b.wake.broadcast)
+		v.pvdrmWake = b.wake.broadcast
+		a.disp.onEnded(v, v.pvdrmWake)
 	}
 	v.mu.Unlock()
 	if b.ring, err = pvdrm.NewBack(t.Ring()); err != nil {
@@ -270,7 +271,8 @@ func (b *PVDRMBackend) Close() error {
 	}
 	b.closed = true
 	b.files, b.pool = nil, nil
-	err := errors.Join(b.v.agg.Detach(b.v), b.priv.Close(), b.t.Close())
+	a, _ := b.v.where() // a move may have taken it to another board
+	err := errors.Join(a.Detach(b.v), b.priv.Close(), b.t.Close())
 	if err != nil {
 		return fmt.Errorf("pvdrm back end of %s: %w", b.v.Guest.Name, err)
 	}

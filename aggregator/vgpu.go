@@ -83,6 +83,10 @@ type VGPU struct {
 
 	// irq raises the VM's virtual interrupt (irq.go).
 	irq vgpuIRQ
+	// pvdrmWake wakes a pvdrm back end's CPU_PREP waiters when a
+	// submission ends (registered with the dispatcher of whichever board
+	// the vGPU is on: rewireEnded). Set once at attach, under mu.
+	pvdrmWake func()
 
 	// The VM's connection: hangup ends it with a reason (set once the
 	// connection is up); gone is why the vGPU was destroyed, once it was.

@@ -31,7 +31,7 @@ type MobilityOptions struct {
 	// Board is each simulated board's configuration (its VRAM is sized
 	// per phase from the slots it needs).
 	Board sim.Config
-	// Modes are the VMs' full-virtualization modes, VM i running
+	// Modes are the VMs' full-virtualization or PV modes, VM i running
 	// Modes[i % len(Modes)]; VM 1, the first moved, should be a BAR-remap
 	// mode (fv-optimized) so that a move's remap rebind is exercised.
 	Modes []string

@@ -31,9 +31,8 @@ import (
 //  3. the vGPU to move is the one on the source whose own load s best fits:
 //     the move leaves a gap of |gap − 2s|, which shrinks only if
 //     0 < s < gap; the fit leaving the smallest gap wins. A vGPU that
-//     cannot move is skipped: a PV or pvdrm mode (aggregator.Move refuses
-//     them), a guest pinned to a board, one moved (or whose move failed)
-//     within the last Hold;
+//     cannot move is skipped: a guest pinned to a board, one moved (or
+//     whose move failed) within the last Hold;
 //  4. the move is Host.move, the one path the operator's moves and drains
 //     take, recorded with the placement decisions (kind "balance").
 //
@@ -274,7 +273,7 @@ func (h *Host) balanceViews() []balanceView {
 		slices.SortFunc(vs, func(x, y *aggregator.VGPU) int { return x.ID - y.ID })
 		for _, v := range vs {
 			bv := balanceVGPU{v: v, load: loads[i].vgpus[v]}
-			if f, err := aggregator.FeaturesFor(v.Guest.Mode); err != nil || f.PV || f.PVDRM {
+			if _, err := aggregator.FeaturesFor(v.Guest.Mode); err != nil {
 				bv.why = fmt.Sprintf("mode %s cannot move", v.Guest.Mode)
 			} else if h.opts.Pin != nil {
 				if pin := h.opts.Pin(v.Guest); pin != "" {

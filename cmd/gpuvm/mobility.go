@@ -44,7 +44,7 @@ func mobilityCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "duration", Value: 4 * time.Second, Usage: "load per phase, at least 1s"},
 			&cli.IntFlag{Name: "moves", Value: 8, Usage: "moves in the moves phase, 1..1000"},
-			&cli.StringFlag{Name: "modes", Value: "fv-optimized,fv-lazy,fv-bar-remap,fv-incremental", Usage: "the VMs' modes, VM i the i-th (cycled); full-virtualization modes, the first a BAR-remap one"},
+			&cli.StringFlag{Name: "modes", Value: "fv-optimized,fv-lazy,fv-bar-remap,fv-incremental", Usage: "the VMs' modes, VM i the i-th (cycled); full-virtualization or PV modes, the first a BAR-remap one"},
 			&cli.IntFlag{Name: "matrix-dim", Value: 256, Usage: "madd matrix dimension"},
 			&cli.StringFlag{Name: "copy-size", Value: "8MiB", Usage: "bytes moved each way by cpy"},
 			&cli.Float64Flag{Name: "overcommit", Value: 2, Usage: "the overcommit phase's factor: its VMs' reservations over the board's VRAM, 1..4"},
@@ -118,8 +118,8 @@ func mobilityFlags(c *cli.Context) (bench.MobilityOptions, error) {
 		Overcommit: c.Float64("overcommit"), EvictIdle: c.Duration("evict-idle"), MinResidency: c.Duration("min-residency"), ServerSpin: c.Int("ipc-spin")}
 	for _, m := range strings.Split(c.String("modes"), ",") {
 		m = strings.TrimSpace(m)
-		if !config.Mode(m).Valid() || !strings.HasPrefix(m, "fv-") {
-			return o, usageError("--modes %q: want full-virtualization modes (PV and pvdrm vGPUs do not move): %s", m, strings.Join(fvModes(), ", "))
+		if !config.Mode(m).Valid() || !slices.Contains(deviceModelModes(), m) {
+			return o, usageError("--modes %q: want modes of a device-model VM (a pvdrm VM has a front end, not a device model): %s", m, strings.Join(deviceModelModes(), ", "))
 		}
 		o.Modes = append(o.Modes, m)
 	}
@@ -150,11 +150,12 @@ func mobilityFlags(c *cli.Context) (bench.MobilityOptions, error) {
 	return o, nil
 }
 
-// fvModes are the modes whose vGPUs move.
-func fvModes() []string {
+// deviceModelModes are the modes of VMs the bench runs (each a device
+// model process): the full-virtualization and PV modes.
+func deviceModelModes() []string {
 	var out []string
 	for _, m := range aggregator.Modes() {
-		if strings.HasPrefix(m, "fv-") {
+		if f, err := aggregator.FeaturesFor(m); err == nil && !f.PVDRM {
 			out = append(out, m)
 		}
 	}

@@ -16,7 +16,7 @@ func TestBenchMobilityUsage(t *testing.T) {
 	}{
 		{[]string{"--duration", "500ms"}, "--duration 500ms: want at least 1s"},
 		{[]string{"--moves", "0"}, "--moves 0: want 1..1000"},
-		{[]string{"--modes", "pv-multicall"}, "--modes \"pv-multicall\""},
+		{[]string{"--modes", "pvdrm"}, "--modes \"pvdrm\""},
 		{[]string{"--modes", "fv-optimized,nope"}, "--modes \"nope\""},
 		{[]string{"--overcommit", "5"}, "--overcommit 5: want 1..4"},
 		{[]string{"--copy-size", "64MiB"}, "--copy-size 64MiB"},
