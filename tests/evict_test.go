@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
 // overcommitEnv is a board at 2× overcommit that evicts quickly (tests want
@@ -134,4 +135,110 @@ func TestOvercommitTakingTurns(t *testing.T) {
 	if !passed {
 		t.Fatal("no restored vGPU had its aperture passed through again")
 	}
+}
+
+// boardHolds reports whether any page of the board in use (every slot and
+// the aggregator's reserve) holds a 64-byte chunk of secret.
+func (e *env) boardHolds(t *testing.T, secret []byte) bool {
+	t.Helper()
+	regions := []aggregator.Region{e.layout.Reserved}
+	for _, s := range e.layout.Slots {
+		regions = append(regions, s.VRAM)
+	}
+	for _, r := range regions {
+		rs, err := e.board.VRAMResidentRanges(r.Base, r.Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rg := range rs {
+			if containsChunk(e.readVRAM(t, rg.Base, rg.Size), secret) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestEvictedImageUnreadable: a VM's VRAM, once it is parked, is nowhere
+// on the board — not in the slot it left, not in the reserve, not in any
+// other slot — and the next tenant of that slot reads zeros where it was;
+// the VM's next access brings it all back to it alone. A VM whose kernel
+// never ends cannot be evicted (the eviction waits for work in flight and
+// gives up, changing nothing) until the watchdog has stopped it. The honest
+// VM verifies throughout.
+func TestEvictedImageUnreadable(t *testing.T) {
+	e := newEnvWith(t, envOptions{Watchdog: 2 * time.Second, Modify: func(o *aggregator.Options) {
+		o.Overcommit, o.EvictIdle, o.MinResidency = 2, time.Millisecond, 20*time.Millisecond
+	}})
+	honest, _ := e.startBusyHonest(t, 4) // slot 0
+	secretDev := e.connect(t, "secret", 81, "fv-optimized")
+	sv := e.vgpu("secret")
+	const at = 3 << 20 // a page of the secret VM's VRAM
+	secret := pattern(0xA7, pageSize)
+	words := make([]uint32, pageSize/4)
+	for i := range words {
+		words[i] = le32(secret[4*i:])
+	}
+	r := raw{secretDev}
+	r.vramWrite(at, words)
+	r.sync()
+	home := sv.Info().Slot
+	if !e.boardHolds(t, secret) {
+		t.Fatal("the secret never reached the board")
+	}
+	evictNow(t, e, sv)
+	if !sv.Evicted() {
+		t.Fatal("not parked")
+	}
+	if e.boardHolds(t, secret) {
+		t.Fatal("a page of the board holds the parked VM's VRAM")
+	}
+	// The next tenant lands in the slot it left and reads zeros there.
+	prober := e.connect(t, "prober", 82, "fv-naive")
+	if got := e.vgpu("prober").Info().Slot; got != home {
+		t.Fatalf("the prober landed in slot %d, not the vacated slot %d", got, home)
+	}
+	pr := raw{prober}
+	for off := uint64(0); off < pageSize; off += 4 {
+		if w := pr.vramRead32(at + off); w != 0 {
+			t.Fatalf("the next tenant reads %#x at %#x, where the parked VM's secret was", w, at+off)
+		}
+	}
+	// Its next access brings the secret back, to it.
+	for i := range words {
+		if w := r.vramRead32(at + uint64(4*i)); w != words[i] {
+			t.Fatalf("after its restore the secret VM reads %#x at word %d, want %#x", w, i, words[i])
+		}
+	}
+	if sv.Evicted() || sv.Info().Slot == home {
+		t.Fatalf("restored: evicted %v, slot %d (its old slot %d is the prober's)", sv.Evicted(), sv.Info().Slot, home)
+	}
+
+	// A VM whose kernel never ends is not evicted.
+	hog := newAttacker(t, e, "hog", 83, "fv-naive")
+	k := newKernelPage(t, hog)
+	k.controlKernel(t, hog)
+	if err := hog.ch.Submit(k.loopLaunch(1, nvc0.MaxKernelLoopIterations, 0)); err != nil {
+		t.Fatalf("hog kernel: %v", err)
+	}
+	if !e.waitKernelRunning(10*time.Second, 20*time.Millisecond) {
+		t.Logf("the compute engine never stayed busy for 20 ms after the hog's launch")
+	}
+	hv := e.vgpu("hog")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := e.agg.Evict(ctx, hv, "test: a kernel that never ends")
+	cancel()
+	if err == nil || hv.Evicted() {
+		t.Fatalf("a vGPU whose kernel never ends was evicted (err %v)", err)
+	}
+	t.Logf("eviction of the hog: %v", err)
+	if c := hv.Counters(); c.Evictions != 0 {
+		t.Fatalf("the hog counts %d evictions", c.Evictions)
+	}
+	// Once the watchdog stopped its kernel it can be parked like any other.
+	if !pollUntil(time.Minute, func() bool { return e.agg.WatchdogKills(hv.ID) > 0 }) {
+		t.Fatal("the watchdog never stopped the hog's kernel")
+	}
+	evictNow(t, e, hv)
+	honest.verified(t)
 }
