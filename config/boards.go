@@ -166,7 +166,7 @@ func (c Config) validateBoardEntry(v *validator, b BoardEntry) {
 	chansOK := ok("channels") && v.intRange(k("channels")[0], b.Channels, 1, MaxChannels)
 	vmsOK := ok("max_vms") && v.intRange(k("max_vms")[0], b.MaxVMs, 1, MaxVMs)
 	if ok("timing") && !b.Timing.Valid() {
-		v.errorf(k("timing"), "unknown timing model %q (want none, fermi, fermi-xen or fermi-small)", b.Timing)
+		v.errorf(k("timing"), "unknown timing model %q (want none, fermi, fermi-xen, fermi-small or fermi-x4)", b.Timing)
 	}
 	vramOK := false
 	if b.Kind == BoardSim && ok("vram") {

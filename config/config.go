@@ -82,11 +82,15 @@ const (
 	// Quadro 4000: half the compute, 0.62 of the memory bandwidth), for a
 	// host whose boards differ in speed.
 	TimingFermiSmall Timing = "fermi-small"
+	// TimingFermiX4 models the fermi board in a PCIe 2.0 x4 slot (a
+	// quarter of the bus bandwidth, 1.375 GB/s), as a host's second GPU
+	// often is: slower for copy-heavy work only.
+	TimingFermiX4 Timing = "fermi-x4"
 )
 
 // Valid reports whether t is a known timing model.
 func (t Timing) Valid() bool {
-	return t == TimingNone || t == TimingFermi || t == TimingFermiXen || t == TimingFermiSmall
+	return t == TimingNone || t == TimingFermi || t == TimingFermiXen || t == TimingFermiSmall || t == TimingFermiX4
 }
 
 // LogLevel is the daemon's log verbosity.

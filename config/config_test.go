@@ -341,7 +341,7 @@ timeslice = 0
 				"t.toml:2:8: board.vram: 32MiB is below the minimum 64MiB",
 				"t.toml:3:12: board.channels: 0 is out of range 1..128",
 				"t.toml:4:18: board.mem_partitions: 17 is out of range 1..16",
-				`t.toml:5:10: board.timing: unknown timing model "slow" (want none, fermi, fermi-xen or fermi-small)`,
+				`t.toml:5:10: board.timing: unknown timing model "slow" (want none, fermi, fermi-xen, fermi-small or fermi-x4)`,
 				"t.toml:7:11: daemon.max_vms: 65 is out of range 1..64",
 				`t.toml:8:13: daemon.log_level: unknown log level "trace" (want debug, info, warn or error)`,
 				"t.toml:10:19: partition.channels_per_vm: must be at least 1",
@@ -843,5 +843,27 @@ func TestBoardsErrors(t *testing.T) {
 				t.Errorf("err:\n%v\nwant it to contain:\n%s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTimingValid: every timing model the configuration names is valid,
+// fermi-x4 (a board in a PCIe 2.0 x4 slot) among them, and nothing else.
+func TestTimingValid(t *testing.T) {
+	for _, tm := range []Timing{TimingNone, TimingFermi, TimingFermiXen, TimingFermiSmall, TimingFermiX4} {
+		if !tm.Valid() {
+			t.Errorf("%q not valid", tm)
+		}
+	}
+	for _, tm := range []Timing{"", "x4", "fermi-x8", "FERMI"} {
+		if tm.Valid() {
+			t.Errorf("%q valid", tm)
+		}
+	}
+	c, err := Parse([]byte("[[boards]]\nname = \"fast\"\ntiming = \"fermi\"\n[[boards]]\nname = \"slot-x4\"\ntiming = \"fermi-x4\"\n"), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := c.AllBoards(); len(all) != 2 || all[1].Timing != TimingFermiX4 {
+		t.Errorf("boards = %+v", all)
 	}
 }

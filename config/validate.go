@@ -143,7 +143,7 @@ func (c Config) validateBoard(v *validator) {
 	partsOK := v.intRange("board.mem_partitions", b.MemPartitions, 1, MaxMemPartitions)
 	v.intRange("board.channels", b.Channels, 1, MaxChannels)
 	if v.ok("board.timing") && !b.Timing.Valid() {
-		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none, fermi, fermi-xen or fermi-small)", b.Timing)
+		v.errorf([]string{"board.timing"}, "unknown timing model %q (want none, fermi, fermi-xen, fermi-small or fermi-x4)", b.Timing)
 	}
 	if b.Kind == BoardPCI {
 		if v.src.written("board.vram") {

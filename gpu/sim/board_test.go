@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,7 +44,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestTimingByName(t *testing.T) {
-	for _, name := range []string{"none", "fermi", "fermi-xen"} {
+	for _, name := range TimingNames() {
 		tm, err := TimingByName(name)
 		if err != nil || tm.Name != name {
 			t.Fatalf("TimingByName(%q) = %+v, %v", name, tm, err)
@@ -61,6 +62,31 @@ func TestTimingByName(t *testing.T) {
 	}
 	if f := TimingFermi(); f.TrapNs != 0 || x.MMIOReadNs != f.MMIOReadNs || x.MMIOWriteNs != f.MMIOWriteNs {
 		t.Fatalf("fermi-xen is not fermi plus a trap cost: %+v vs %+v", x, f)
+	}
+}
+
+// TestTimingFermiX4: the board in a PCIe 2.0 x4 slot is TimingFermi with a
+// quarter of its DMA bandwidth (4 of 16 lanes): a copy touching system
+// memory takes four times as long, everything else costs the same.
+func TestTimingFermiX4(t *testing.T) {
+	f, x := TimingFermi(), TimingFermiX4()
+	if x.Name != "fermi-x4" || x.DMABytesPerSec != 1.375e9 || x.DMABytesPerSec*4 != f.DMABytesPerSec {
+		t.Fatalf("fermi-x4 = %+v: want fermi's DMA rate / 4 (1.375 GB/s)", x)
+	}
+	g := x
+	g.Name, g.DMABytesPerSec = f.Name, f.DMABytesPerSec
+	if g != f {
+		t.Fatalf("fermi-x4 differs from fermi beyond DMA: %+v vs %+v", x, f)
+	}
+	const n = 8 << 20
+	if got, want := x.copyTime(n, true), 4*f.copyTime(n, true); got < want-time.Microsecond || got > want+time.Microsecond {
+		t.Errorf("8 MiB over the bus: %v, want %v (4 × fermi's)", got, want)
+	}
+	if x.copyTime(n, false) != f.copyTime(n, false) || x.kernelTime(1e9, n) != f.kernelTime(1e9, n) {
+		t.Error("fermi-x4 charges VRAM copies or kernels differently from fermi")
+	}
+	if !slices.Contains(TimingNames(), x.Name) {
+		t.Errorf("TimingNames %v lacks %s", TimingNames(), x.Name)
 	}
 }
 

@@ -118,11 +118,33 @@ func TimingFermiSmall() Timing {
 	return t
 }
 
-// TimingNames lists the profiles TimingByName knows.
-func TimingNames() []string { return []string{"none", "fermi", "fermi-xen", "fermi-small"} }
+// TimingFermiX4 is TimingFermi's board (the Quadro 6000) in a slot wired
+// for four PCIe 2.0 lanes instead of sixteen, as a dom0 host's second GPU
+// often is (an x16 connector with x4 electrical, fed by the chipset): the
+// same chip, slower only over the bus, so it is slower for copy-heavy work.
+//
+//   - DMABytesPerSec 1.375e9: PCIe 2.0 signals at 5 GT/s per lane with
+//     8b/10b encoding, 500 MB/s per lane and direction (PCI Express Base
+//     Specification 2.0), so x4 carries 2 GB/s where x16 carries 8 GB/s.
+//     The per-lane overheads (TLP headers, flow control) do not depend on
+//     the width, so the x16 profile's 5.5 GB/s (cudaMemcpy from pinned
+//     memory, above) scales with the lanes: 5.5e9 × 4/16 = 1.375e9.
+//   - MMIO, VRAM, compute and launch costs as TimingFermi: a register
+//     round trip's latency is set by the link's hops, not its width (a
+//     4-byte read's packets take a few ns longer to serialise on 4 lanes,
+//     far below the 800 ns round trip), and the chip is the same.
+func TimingFermiX4() Timing {
+	t := TimingFermi()
+	t.Name = "fermi-x4"
+	t.DMABytesPerSec = 5.5e9 * 4 / 16
+	return t
+}
 
-// TimingByName returns the named profile: "none", "fermi", "fermi-xen" or
-// "fermi-small".
+// TimingNames lists the profiles TimingByName knows.
+func TimingNames() []string { return []string{"none", "fermi", "fermi-xen", "fermi-small", "fermi-x4"} }
+
+// TimingByName returns the named profile: "none", "fermi", "fermi-xen",
+// "fermi-small" or "fermi-x4".
 func TimingByName(name string) (Timing, error) {
 	switch name {
 	case "none", "":
@@ -133,8 +155,10 @@ func TimingByName(name string) (Timing, error) {
 		return TimingFermiXen(), nil
 	case "fermi-small":
 		return TimingFermiSmall(), nil
+	case "fermi-x4":
+		return TimingFermiX4(), nil
 	}
-	return Timing{}, fmt.Errorf("sim: unknown timing profile %q (want none, fermi, fermi-xen or fermi-small)", name)
+	return Timing{}, fmt.Errorf("sim: unknown timing profile %q (want none, fermi, fermi-xen, fermi-small or fermi-x4)", name)
 }
 
 // isNone reports whether the profile adds no delay at all.
