@@ -56,7 +56,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "doorbell", Value: "trap", Usage: "virtualized modes: trap (every GP_PUT write traps) or poll (the aggregator polls the guests' user areas, no trap per doorbell)"},
 		},
 		Action:      runBench,
-		Subcommands: []*cli.Command{fairnessCommand(), covertCommand(), scaleCommand(), reportCommand(), sloCommand(), mobilityCommand(), mobilityGuestCommand()},
+		Subcommands: []*cli.Command{fairnessCommand(), covertCommand(), scaleCommand(), reportCommand(), sloCommand(), mobilityCommand(), mobilityGuestCommand(), heteroCommand()},
 	}
 }
 

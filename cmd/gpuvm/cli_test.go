@@ -24,7 +24,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"frob"}, `unknown command "frob"`},
 		{[]string{"help", "frob"}, "No help topic for 'frob'"},
 		{[]string{"bench", "--nope"}, "(see 'gpuvm bench --help')"},
-		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness, covert, scale, report, slo, mobility)`},
+		{[]string{"bench", "frob"}, `unknown command "frob" (commands: fairness, covert, scale, report, slo, mobility, hetero)`},
 		{[]string{"bench", "report", "--out", "x", "extra"}, `report takes no arguments (got "extra")`},
 		{[]string{"bench", "report", "--out", "x", "--runs", "0"}, "--runs 0: want 1..1000"},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
