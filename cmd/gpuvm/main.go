@@ -261,11 +261,20 @@ func run(args []string) int {
 // runs gpuvm's main instead of its tests).
 const reexecEnv = "GPUVM_REEXEC"
 
-// selfCommand runs this binary again with args (the bench's VM processes).
+// selfExeEnv names another gpuvm binary for selfCommand to run instead of
+// this one: the tests' race-detector builds run their VM processes from a
+// plain build (the processes under test are the daemon's, in the test).
+const selfExeEnv = "GPUVM_SELF_EXE"
+
+// selfCommand runs this binary again with args (the bench's VM processes),
+// or the binary $GPUVM_SELF_EXE names.
 func selfCommand(ctx context.Context, args []string) *exec.Cmd {
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
+	}
+	if p := os.Getenv(selfExeEnv); p != "" {
+		exe = p
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), reexecEnv+"=1")

@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,9 +17,32 @@ import (
 
 // TestMain lets the bench re-execute this test binary as gpuvm (its VM
 // processes), as the real binary re-executes itself.
+//
+// A race-detector build runs its VM processes from a plain build of gpuvm
+// instead (GPUVM_SELF_EXE), as tests/ does: the daemon side, in this
+// process, is what the detector watches, and instrumented VM processes
+// made this package's race run several minutes longer.
 func TestMain(m *testing.M) {
 	if os.Getenv(reexecEnv) == "1" {
 		os.Exit(run(os.Args))
+	}
+	if raceBuild && os.Getenv(selfExeEnv) == "" {
+		dir, err := os.MkdirTemp("", "gpuvm-plain-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		exe := filepath.Join(dir, "gpuvm")
+		cmd := exec.Command("go", "build", "-o", exe, ".")
+		cmd.Env = append(os.Environ(), "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build of a plain gpuvm for the VM processes: %v\n%s", err, out)
+			os.Exit(1)
+		}
+		os.Setenv(selfExeEnv, exe)
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }
