@@ -46,8 +46,12 @@ type Client struct {
 	reqProd uint32 // private copies of the indices this side owns
 	reqCons uint32 // cached copy of the server's consumer index
 	rspCons uint32
-	out     [EntrySize]byte
-	in      [maxPacket]byte
+	// longSpinOff: the last wait's long spin (await) did not pay, so the
+	// next waits sleep after the short spin until one of them ends
+	// within longSpin again.
+	longSpinOff bool
+	out         [EntrySize]byte
+	in          [maxPacket]byte
 
 	// irqMu keeps the ring mapped while WaitIRQ sleepers use it: they
 	// hold it shared; Close takes it to unmap (irq.go).
@@ -445,7 +449,7 @@ func (c *Client) send(req *request) error {
 		if c.reqProd-cons < n {
 			break
 		}
-		waitFor(r.clientWait, waitReqSpace, c.spin, func() bool {
+		c.await(waitReqSpace, func() bool {
 			return c.dead.Load() || atomic.LoadUint32(r.reqCons) != cons
 		})
 		if c.dead.Load() {
@@ -459,12 +463,58 @@ func (c *Client) send(req *request) error {
 	return nil
 }
 
+// longSpin bounds how long a client keeps polling for the server's answer
+// (or for request-ring space) after its DialOptions.Spin polls (tens of
+// microseconds) before it sleeps on its futex: a few scheduler time
+// slices.
+//
+// Polling that long pays when the CPUs are oversubscribed. The server
+// answers a trap in microseconds while it runs; when it does not answer
+// within the short spin it is usually runnable but preempted (two CPUs, a
+// busy process beside the VM and the aggregator), and it runs again within
+// a time slice. A client that slept meanwhile had to be woken through the
+// futex and then wait for a CPU again, behind the busy process, while the
+// server, having answered, spun and slept in turn waiting for the next
+// request: on a 2-CPU host with one CPU-burning process beside it, the
+// honest VM of TestLongKernelWatchdog (one synchronous trap per
+// page-table word) ran 6-12x as long as alone. The long poll yields the
+// CPU every 256 polls (spinUntil), so it does not take CPU time from the
+// server or from other VMs: a plain busy poll did, and made 64 VMs on 2
+// CPUs (gpuvm bench scale) 5x slower.
+const longSpin = 5 * time.Millisecond
+
+// await waits for cond (a response, or request-ring space) as waitFor
+// does, but polls up to longSpin longer before it sleeps, unless the last
+// long poll found nothing (the server is busy for longer than that: a
+// long operation, a VM being moved) and no wait since ended within
+// longSpin. c.mu is held.
+func (c *Client) await(bit uint32, cond func() bool) {
+	if spinFor(c.spin, cond) {
+		return
+	}
+	if c.spin == 0 {
+		sleepFor(c.ring.clientWait, bit, cond)
+		return
+	}
+	start := time.Now()
+	if !c.longSpinOff {
+		if spinUntil(start.Add(longSpin), cond) {
+			return
+		}
+		c.longSpinOff = true
+	}
+	sleepFor(c.ring.clientWait, bit, cond)
+	if c.longSpinOff && time.Since(start) < longSpin {
+		c.longSpinOff = false
+	}
+}
+
 func (c *Client) recv(rsp *response) error {
 	if c.transport == TransportSocket {
 		return c.recvSocket(rsp)
 	}
 	r := c.ring
-	waitFor(r.clientWait, waitRsp, c.spin, func() bool {
+	c.await(waitRsp, func() bool {
 		return c.dead.Load() || atomic.LoadUint32(r.rspProd) != c.rspCons
 	})
 	prod := atomic.LoadUint32(r.rspProd)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -213,14 +214,48 @@ func mapClientRing(fd int, reqN, rspN uint32) (*ringMap, error) {
 // cond is true; cond must include the caller's "stopped" check, and whoever
 // sets that flag must store 0 into *word and wake it.
 func waitFor(word *uint32, bit uint32, spin int, cond func() bool) {
+	if !spinFor(spin, cond) {
+		sleepFor(word, bit, cond)
+	}
+}
+
+// spinFor polls cond up to spin times (letting the process's other
+// goroutines run every 256) and reports whether it became true.
+func spinFor(spin int, cond func() bool) bool {
 	for i := 0; i < spin; i++ {
 		if cond() {
-			return
+			return true
 		}
 		if i&255 == 255 {
 			runtime.Gosched()
 		}
 	}
+	return false
+}
+
+// spinUntil polls cond until the clock passes deadline and reports whether
+// it became true. Every 256 polls it yields the process's other goroutines
+// and the CPU itself (sched_yield): a long poll must not hold a CPU that a
+// runnable thread needs — the peer it waits for, or other VMs' device
+// models — it only fills time that CPU would otherwise idle or give back
+// to it at once.
+func spinUntil(deadline time.Time, cond func() bool) bool {
+	for i := 1; ; i++ {
+		if cond() {
+			return true
+		}
+		if i&255 == 0 {
+			runtime.Gosched()
+			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if !time.Now().Before(deadline) {
+				return cond()
+			}
+		}
+	}
+}
+
+// sleepFor is waitFor's sleeping half.
+func sleepFor(word *uint32, bit uint32, cond func() bool) {
 	for {
 		atomic.StoreUint32(word, bit)
 		if cond() {
