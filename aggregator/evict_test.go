@@ -82,27 +82,16 @@ func TestEvictTakingTurns(t *testing.T) {
 	}
 	verifiedWork(t, second)
 
-	var stop atomic.Bool
-	errs := make(chan error, 2)
-	var passes [2]atomic.Int64
-	for i, g := range []*guestVM{first, second} {
-		ctx := openContext(t, g)
-		go func() { errs <- workloadLoop(g, ctx, &stop, &passes[i]) }()
-	}
 	want := int64(2)
 	if testing.Short() {
 		want = 1 // a pass is every workload; under -race one takes a minute
 	}
-	deadline := time.Now().Add(2 * time.Minute) // a hang guard
-	for (passes[0].Load() < want || passes[1].Load() < want) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	var loops []workLoop
+	for _, g := range []*guestVM{first, second} {
+		ctx := openContext(t, g)
+		loops = append(loops, func(stop *atomic.Bool, passes *atomic.Int64) error { return workloadLoop(g, ctx, stop, passes) })
 	}
-	stop.Store(true)
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatalf("workloads on an overcommitted board: %v", err)
-		}
-	}
+	runLoops(t, want, loops...)
 	for i, w := range readMarker(first.v, markerAt, len(marker)) {
 		if w != marker[i] {
 			t.Fatalf("the first VM's marker word %d reads %#x after its turns, want %#x", i, w, marker[i])
@@ -358,4 +347,37 @@ func TestRestoreWaitsForItsSlotsRenewal(t *testing.T) {
 		t.Fatalf("the vGPU came back to slot %d, not the slot it left (%d)", got, home)
 	}
 	verifiedWork(t, g)
+}
+
+// workLoop is a workload loop (workloadLoop) bound to its guest.
+type workLoop func(stop *atomic.Bool, passes *atomic.Int64) error
+
+// runLoops runs the loops at once until each made want passes (or two
+// minutes went by: a hang guard), then stops them; an error of any fails
+// the test.
+func runLoops(t *testing.T, want int64, loops ...workLoop) {
+	t.Helper()
+	var stop atomic.Bool
+	passes := make([]atomic.Int64, len(loops))
+	errs := make(chan error, len(loops))
+	for i, l := range loops {
+		go func() { errs <- l(&stop, &passes[i]) }()
+	}
+	behind := func() bool {
+		for i := range passes {
+			if passes[i].Load() < want {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(2 * time.Minute); behind() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop.Store(true)
+	for range loops {
+		if err := <-errs; err != nil {
+			t.Fatalf("workloads on an overcommitted board: %v", err)
+		}
+	}
 }

@@ -29,6 +29,12 @@ func twoBoards(t *testing.T, maxVMs int) (a, b *Aggregator, ba, bb *sim.Board) {
 // queued or in flight), then every workload once (each in a context of its
 // own). Every result is verified.
 func workloadLoop(g *guestVM, ctx *gdev.Context, stop *atomic.Bool, passes *atomic.Int64) error {
+	return workloadLoopOn(gdev.Nouveau(g.dev), ctx, stop, passes)
+}
+
+// workloadLoopOn is workloadLoop through driver drv (ctx one of its
+// contexts): a guest driver, or a pvdrm front end.
+func workloadLoopOn(drv gdev.Driver, ctx *gdev.Context, stop *atomic.Bool, passes *atomic.Int64) error {
 	for {
 		for range 4 {
 			if err := maddOnce(ctx, 48); err != nil {
@@ -40,7 +46,7 @@ func workloadLoop(g *guestVM, ctx *gdev.Context, stop *atomic.Bool, passes *atom
 			if err != nil {
 				return err
 			}
-			if _, err := w.Run(gdev.Nouveau(g.dev)); err != nil {
+			if _, err := w.Run(drv); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 		}

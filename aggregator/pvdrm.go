@@ -102,6 +102,7 @@ func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdr
 	// RAM (guest-physical), which the vGPU validates and translates.
 	priv.SetBusBase(0)
 	b := &PVDRMBackend{v: v, t: t, codec: pvdrm.NewCodec(), priv: priv, pooling: feat.Pooling, ops: pvdrmOps(),
+		vramSize: v.Slot.VRAM.Size, chans: v.Slot.Chans,
 		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{}), faultPoll: pvdrmFaultPoll}
 	fail := func(err error) (*PVDRMBackend, error) {
 		return nil, errors.Join(fmt.Errorf("attach %s: %w", g.Name, err), a.Detach(v), priv.Close())
@@ -155,6 +156,12 @@ type PVDRMBackend struct {
 	dev     *nouveau.Device
 	priv    *hostmem.RAM
 	pooling bool
+
+	// vramSize and chans are the vGPU's slot sizes, which the guest was
+	// told and which stay its own wherever a move takes the vGPU (read
+	// here, not through v.Slot, which a move rewrites).
+	vramSize uint64
+	chans    int
 
 	gart     *rangealloc.Allocator // offsets in the guest's GART heap
 	gartOff  uint64                // where the heap starts in the vGPU's RAM

@@ -15,7 +15,7 @@ import (
 
 func (b *PVDRMBackend) opGEMNew(_ context.Context, f *pvFile, r pvdrm.Request) (map[string]uint64, int32) {
 	size, domain, flags := r.Args["size"], uint32(r.Args["domain"]), uint32(r.Args["flags"])
-	if size == 0 || size > b.v.Slot.VRAM.Size+b.gartSize || flags&^pvdrm.GEMMappable != 0 {
+	if size == 0 || size > b.vramSize+b.gartSize || flags&^pvdrm.GEMMappable != 0 {
 		return nil, -pvdrm.EINVAL
 	}
 	size = (size + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)

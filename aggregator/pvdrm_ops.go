@@ -193,9 +193,9 @@ func (b *PVDRMBackend) opGetParam(_ context.Context, _ *pvFile, r pvdrm.Request)
 	case pvdrm.ParamChipset:
 		v = nvc0.ChipsetGF100
 	case pvdrm.ParamVRAMSize:
-		v = b.v.Slot.VRAM.Size
+		v = b.vramSize
 	case pvdrm.ParamChannels:
-		v = uint64(b.v.Slot.Chans)
+		v = uint64(b.chans)
 	case pvdrm.ParamVABits:
 		v = nvc0.VABits
 	default:

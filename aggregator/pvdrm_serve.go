@@ -58,7 +58,7 @@ func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.L
 		return
 	}
 	v := b.VGPU()
-	w := ipc.Welcome{VGPU: uint32(v.ID), VRAMSize: v.Slot.VRAM.Size, Channels: uint32(v.Slot.Chans), Params: map[string]string{}}
+	w := ipc.Welcome{VGPU: uint32(v.ID), VRAMSize: b.vramSize, Channels: uint32(b.chans), Params: map[string]string{}}
 	if a.opts.Timing != "" {
 		w.Params[ipc.ParamTiming] = a.opts.Timing
 	}

@@ -9,34 +9,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
-	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 )
-
-// pvdrmLoop is workloadLoop for a pvdrm guest: four madds on ctx (a
-// context of the front end kept open across passes: its file, buffers and
-// channel live in the back end), then every workload once, until stop.
-func pvdrmLoop(g *pvdrmGuest, ctx *gdev.Context, stop *atomic.Bool, passes *atomic.Int64) error {
-	for {
-		for range 4 {
-			if err := maddOnce(ctx, 48); err != nil {
-				return fmt.Errorf("madd: %w", err)
-			}
-		}
-		for _, name := range workloads.Names() {
-			w, err := workloads.New(name, smallParams)
-			if err != nil {
-				return err
-			}
-			if _, err := w.Run(g.driver()); err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-		}
-		passes.Add(1)
-		if stop.Load() {
-			return nil
-		}
-	}
-}
 
 // waitPasses waits until passes grows by one, failing if done reports
 // first.
@@ -73,7 +46,7 @@ func TestMovePVDRMVGPU(t *testing.T) {
 			var stop atomic.Bool
 			var passes atomic.Int64
 			done := make(chan error, 1)
-			go func() { done <- pvdrmLoop(g, ctx, &stop, &passes) }()
+			go func() { done <- workloadLoopOn(g.driver(), ctx, &stop, &passes) }()
 			boards := map[*Aggregator]*sim.Board{a: ba, b: bb}
 			for i, to := range []*Aggregator{b, a, a, b} {
 				waitPasses(t, &passes, done, fmt.Sprintf("hop %d", i))
@@ -131,21 +104,11 @@ func TestEvictPVTakingTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer drmCtx.Close()
-	var stop atomic.Bool
-	var passes [2]atomic.Int64
-	errs := make(chan error, 2)
-	go func() { errs <- workloadLoop(pv, pvCtx, &stop, &passes[0]) }()
-	go func() { errs <- pvdrmLoop(drm, drmCtx, &stop, &passes[1]) }()
-	deadline := time.Now().Add(2 * time.Minute) // a hang guard
-	for (passes[0].Load() < 1 || passes[1].Load() < 1) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	stop.Store(true)
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatalf("workloads on an overcommitted board: %v", err)
-		}
-	}
+	runLoops(t, 1,
+		func(stop *atomic.Bool, passes *atomic.Int64) error { return workloadLoop(pv, pvCtx, stop, passes) },
+		func(stop *atomic.Bool, passes *atomic.Int64) error {
+			return workloadLoopOn(drm.driver(), drmCtx, stop, passes)
+		})
 	for i, w := range readMarker(pv.v, markerAt, len(marker)) {
 		if w != marker[i] {
 			t.Fatalf("the PV VM's marker word %d reads %#x after its turns, want %#x", i, w, marker[i])

@@ -47,14 +47,14 @@ var ErrResetDestroyed = errors.New("vGPU destroyed: its reset could not complete
 // this one and then resets again.
 func (a *Aggregator) Reset(v *VGPU, reason string) error {
 	if v.feat.PVDRM {
-		return fmt.Errorf("reset vGPU %d: mode %s: %w", v.Slot.Index, v.Guest.Mode, ErrResetUnsupported)
+		return fmt.Errorf("reset vGPU %d: mode %s: %w", v.ID, v.Guest.Mode, ErrResetUnsupported)
 	}
 	if err := v.lockResident(); err != nil { // a parked vGPU is reset in a slot
 		return fmt.Errorf("reset vGPU %d: %w", v.ID, err)
 	}
 	if v.dead {
 		v.mu.Unlock()
-		return fmt.Errorf("reset vGPU %d: %w", v.Slot.Index, ErrDetached)
+		return fmt.Errorf("reset vGPU %d: %w", v.ID, ErrDetached)
 	}
 	failed, err := v.reset()
 	if failed == "" {
@@ -69,9 +69,9 @@ func (a *Aggregator) Reset(v *VGPU, reason string) error {
 	// Nothing more reaches the vGPU; the teardown finishes it.
 	v.dead = true
 	v.mu.Unlock()
-	why := fmt.Sprintf("reset of vGPU %d (%s) failed: %s", v.Slot.Index, reason, failed)
+	why := fmt.Sprintf("reset of vGPU %d (%s) failed: %s", v.ID, reason, failed)
 	v.log.Error("vGPU reset failed: destroying it", "reason", reason, "failed", failed, "err", err)
-	return errors.Join(fmt.Errorf("reset vGPU %d: %w: %s: %w", v.Slot.Index, ErrResetDestroyed, failed, err), a.Destroy(v, why))
+	return errors.Join(fmt.Errorf("reset vGPU %d: %w: %s: %w", v.ID, ErrResetDestroyed, failed, err), a.Destroy(v, why))
 }
 
 // reset does the work of Reset with v.mu held. It returns "" on success,
@@ -161,10 +161,10 @@ func (a *Aggregator) serveReset(w http.ResponseWriter, id string) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
 		return
 	}
-	err := a.Reset(v, fmt.Sprintf("vGPU %d reset through the control API", v.Slot.Index))
+	err := a.Reset(v, fmt.Sprintf("vGPU %d reset through the control API", v.ID))
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, map[string]string{"reset": strconv.Itoa(v.Slot.Index)})
+		writeJSON(w, http.StatusOK, map[string]string{"reset": strconv.Itoa(v.ID)})
 	case errors.Is(err, ErrResetUnsupported):
 		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
 	case errors.Is(err, ErrDetached):
