@@ -164,8 +164,12 @@ type HeteroPhase struct {
 	Runs []HeteroBoardRuns `json:"board_runs"`
 	// Verified: every run of every VM of the phase verified.
 	Verified bool `json:"verified"`
-	// Looks counts the balancer's looks by outcome.
-	Looks map[string]int `json:"balancer_looks,omitempty"`
+	// Looks counts the balancer's looks by outcome; MaxGap is the largest
+	// load gap it saw, and Loads each board's load (the share of its time
+	// its vGPUs kept it busy) averaged over its looks.
+	Looks  map[string]int     `json:"balancer_looks,omitempty"`
+	MaxGap float64            `json:"balancer_max_gap,omitempty"`
+	Loads  map[string]float64 `json:"balancer_mean_load,omitempty"`
 }
 
 // HeteroReport is gpuvm bench hetero's output.
@@ -267,15 +271,18 @@ type heteroHost struct {
 	*mobilityHost
 	recs *moveRecords
 
-	mu    sync.Mutex
-	looks []host.BalanceLook // the moved and failed ones
-	count map[string]int
+	mu     sync.Mutex
+	looks  []host.BalanceLook // the moved and failed ones
+	count  map[string]int
+	maxGap float64
+	loads  map[string]float64 // summed over the looks
+	nLooks int
 }
 
 // newHeteroHost builds a host of the boards in specs, each with slots for
 // every VM, its balancer set by bal, serving on a private socket.
 func newHeteroHost(ctx context.Context, o HeteroOptions, specs []heteroBoardSpec, bal host.BalanceOptions) (hh *heteroHost, err error) {
-	hh = &heteroHost{mobilityHost: &mobilityHost{done: make(chan error, 1), events: &evictEvents{}}, recs: &moveRecords{}, count: map[string]int{}}
+	hh = &heteroHost{mobilityHost: &mobilityHost{done: make(chan error, 1), events: &evictEvents{}}, recs: &moveRecords{}, count: map[string]int{}, loads: map[string]float64{}}
 	m := hh.mobilityHost
 	defer func() {
 		if err != nil {
@@ -314,6 +321,11 @@ func newHeteroHost(ctx context.Context, o HeteroOptions, specs []heteroBoardSpec
 		hh.mu.Lock()
 		defer hh.mu.Unlock()
 		hh.count[l.Outcome]++
+		hh.maxGap = max(hh.maxGap, l.Gap)
+		hh.nLooks++
+		for _, c := range l.Boards {
+			hh.loads[c.Board] += c.Load
+		}
 		if l.Outcome == host.LookMoved || l.Outcome == host.LookFailed {
 			hh.looks = append(hh.looks, l)
 		}

@@ -102,6 +102,10 @@ func runHeteroPhase(ctx context.Context, o HeteroOptions, phase string, rep *Het
 		for k, n := range hh.count {
 			ph.Looks[k] = n
 		}
+		ph.MaxGap, ph.Loads = hh.maxGap, map[string]float64{}
+		for b, sum := range hh.loads {
+			ph.Loads[b] = sum / float64(max(hh.nLooks, 1))
+		}
 	}
 	hh.mu.Unlock()
 	if eerr := p.end(); err != nil || eerr != nil {

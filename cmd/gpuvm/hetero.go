@@ -207,7 +207,8 @@ func writeHeteroTables(w io.Writer, rep bench.HeteroReport) error {
 				ks = append(ks, fmt.Sprintf("%s %d", k, n))
 			}
 			sort.Strings(ks)
-			fmt.Fprintf(w, "%s: balancer looks: %s\n", p.Name, strings.Join(ks, ", "))
+			fmt.Fprintf(w, "%s: balancer looks: %s; largest gap %.1f%%; mean load fast %.1f%%, slow %.1f%%\n", p.Name, strings.Join(ks, ", "),
+				100*p.MaxGap, 100*p.Loads["fast"], 100*p.Loads["slow"])
 		}
 	}
 	fmt.Fprintln(w)

@@ -81,11 +81,12 @@ func TestBenchHeteroJSON(t *testing.T) {
 				From string `json:"from"`
 				To   string `json:"to"`
 			} `json:"moves"`
-			Whole    rate           `json:"whole"`
-			Before   *rate          `json:"before_uncordon"`
-			Runs     []any          `json:"board_runs"`
-			Verified bool           `json:"verified"`
-			Looks    map[string]int `json:"balancer_looks"`
+			Whole    rate               `json:"whole"`
+			Before   *rate              `json:"before_uncordon"`
+			Runs     []any              `json:"board_runs"`
+			Verified bool               `json:"verified"`
+			Looks    map[string]int     `json:"balancer_looks"`
+			Loads    map[string]float64 `json:"balancer_mean_load"`
 		} `json:"phases"`
 		Ratios   map[string]float64 `json:"ratios"`
 		Problems []string           `json:"problems"`
@@ -112,7 +113,7 @@ func TestBenchHeteroJSON(t *testing.T) {
 		if !p.Verified || len(p.Start) != 2 || len(p.End) != 2 || p.Whole.Total == nil || p.Whole.VMs == nil || p.Runs == nil || p.Moves == nil {
 			t.Errorf("phase %s: %+v", p.Name, p)
 		}
-		if p.Balance != (p.Name != "static") || (p.Balance && p.Looks == nil) {
+		if p.Balance != (p.Name != "static") || (p.Balance && (p.Looks == nil || len(p.Loads) != 2)) {
 			t.Errorf("phase %s: balance %v, looks %v", p.Name, p.Balance, p.Looks)
 		}
 		for i := range p.Start {
