@@ -62,8 +62,9 @@ func TimingNone() Timing { return Timing{Name: "none"} }
 //     write (a BAR1 write through the MMU: 125–150 ns here,
 //     BenchmarkMMIOWriteBAR1), so that write-heavy phases measure the
 //     model, not Go; it was 60 ns, below the simulator's cost.
-//   - DMABytesPerSec 5.5e9: PCIe 2.0 x16 is 8 GB/s raw, ~6.4 GB/s after 8b/10b
-//     and TLP overhead; cudaMemcpy from pinned memory reaches ~5.5–6 GB/s.
+//   - DMABytesPerSec 5.5e9: PCIe 2.0 x16 carries 8 GB/s each way after
+//     8b/10b encoding (16 lanes × 5 GT/s × 8/10), ~6.4 GB/s after TLP
+//     overhead; cudaMemcpy from pinned memory reaches ~5.5–6 GB/s.
 //   - VRAMBytesPerSec 144e9: the Quadro 6000's specified memory bandwidth
 //     (384 bit × 3 Gbps).
 //   - ComputeOpsPerSec 1e12: 448 cores × 1.15 GHz × 2 (FMA) ≈ 1.03 Tflop/s
