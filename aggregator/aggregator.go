@@ -73,6 +73,11 @@ type Options struct {
 	// never). OnLost, if set, is told once when it is found lost (health.go).
 	HealthInterval time.Duration
 	OnLost         func(reason string)
+	// OnPause, if set, is told of every completed move (by the board the
+	// vGPU left), eviction and restore (by the board it is restored on)
+	// of its vGPUs, with what each cost the guest (pause.go). Called
+	// outside every lock; it must not block.
+	OnPause func(Pause)
 	// Registry hands out vGPU ids and holds guest identities; boards of one
 	// daemon share one (nil: this aggregator's own).
 	Registry *Registry

@@ -166,6 +166,8 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 			v.raiseIRQ()
 		}
 		log.Info("vGPU evicted", "reason", reason, "policy", EvictPolicy, "from_slot", st.Slot, "bytes", st.Bytes, "took", st.Took)
+		a.paused(Pause{Kind: PauseEvict, VGPU: v.ID, FromBoard: st.Board, ToBoard: st.Board,
+			FromSlot: st.Slot, ToSlot: -1, Bytes: st.Bytes, Took: st.Took})
 		return st, nil
 	}
 	v.dead = true
@@ -269,6 +271,8 @@ func (v *VGPU) ensureResident() error {
 	}
 	v.rebindParked()
 	log.Info("vGPU restored", "to_slot", st.Slot, "bytes", st.Bytes, "took", st.Took, "waited", time.Since(t0)-st.Took)
+	a.paused(Pause{Kind: PauseRestore, VGPU: v.ID, FromBoard: a.opts.BoardName, ToBoard: st.Board,
+		FromSlot: -1, ToSlot: st.Slot, Bytes: st.Bytes, Took: st.Took})
 	return nil
 }
 

@@ -130,6 +130,8 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 		}
 		v.ctr.moves.Add(1)
 		v.rebindParked() // the eviction's revoke; the deferred one is this move's
+		src.paused(Pause{Kind: PauseMove, VGPU: v.ID, FromBoard: st.FromBoard, ToBoard: st.ToBoard,
+			FromSlot: -1, ToSlot: st.ToSlot, Bytes: st.Bytes, Took: st.Downtime, Copy: st.Copy})
 		return st, nil
 	}
 	if v.wedged > 0 {
@@ -155,6 +157,8 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 		v.raiseIRQ() // a fence wait that slept through the pause looks again
 		v.log.Info("vGPU moved", "from_board", st.FromBoard, "from_slot", st.FromSlot, "bytes", st.Bytes,
 			"downtime", st.Downtime, "copy", st.Copy)
+		src.paused(Pause{Kind: PauseMove, VGPU: v.ID, FromBoard: st.FromBoard, ToBoard: st.ToBoard,
+			FromSlot: st.FromSlot, ToSlot: st.ToSlot, Bytes: st.Bytes, Took: st.Downtime, Copy: st.Copy})
 		return st, nil
 	}
 	v.dead = true

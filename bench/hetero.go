@@ -5,16 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/host"
-	"github.com/gpuvm/gpuvm/ipc"
 )
 
 // HeteroOptions configure gpuvm bench hetero (issue 17: placement and load
@@ -204,72 +200,9 @@ func (o HeteroOptions) progress(format string, args ...any) { o.mobility().progr
 // settle is how long a phase lets its VMs run before it measures.
 func (o HeteroOptions) settle() time.Duration { return min(o.Duration/4, 2*time.Second) }
 
-// moveRecords are the aggregators' "vGPU moved" records, in order: each
-// move's pause, copy and bytes, which the balancer's looks give only as
-// text.
-type moveRecords struct {
-	mu    sync.Mutex
-	moves []aggregator.MoveStats
-}
-
-// moveHandler passes records on to next and keeps each "vGPU moved".
-type moveHandler struct {
-	next slog.Handler
-	rec  *moveRecords
-}
-
-func (h *moveHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelInfo || h.next.Enabled(ctx, l)
-}
-
-func (h *moveHandler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "vGPU moved" {
-		var st aggregator.MoveStats
-		r.Attrs(func(a slog.Attr) bool {
-			switch a.Key {
-			case "from_board":
-				st.FromBoard = a.Value.String()
-			case "bytes":
-				if a.Value.Kind() == slog.KindUint64 {
-					st.Bytes = a.Value.Uint64()
-				} else if a.Value.Kind() == slog.KindInt64 {
-					st.Bytes = uint64(a.Value.Int64())
-				}
-			case "downtime":
-				st.Downtime = a.Value.Duration()
-			case "copy":
-				st.Copy = a.Value.Duration()
-			}
-			return true
-		})
-		h.rec.mu.Lock()
-		h.rec.moves = append(h.rec.moves, st)
-		h.rec.mu.Unlock()
-	}
-	if h.next.Enabled(ctx, r.Level) {
-		return h.next.Handle(ctx, r)
-	}
-	return nil
-}
-
-func (h *moveHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &moveHandler{next: h.next.WithAttrs(as), rec: h.rec}
-}
-
-func (h *moveHandler) WithGroup(name string) slog.Handler {
-	return &moveHandler{next: h.next.WithGroup(name), rec: h.rec}
-}
-
-// heteroBoardSpec is one board of a phase's host.
-type heteroBoardSpec struct {
-	name   string
-	timing sim.Timing
-}
-
 // heteroHost is one phase's host with what its balancer did.
 type heteroHost struct {
 	*mobilityHost
-	recs *moveRecords
 
 	mu     sync.Mutex
 	looks  []host.BalanceLook // the moved and failed ones
@@ -281,41 +214,10 @@ type heteroHost struct {
 
 // newHeteroHost builds a host of the boards in specs, each with slots for
 // every VM, its balancer set by bal, serving on a private socket.
-func newHeteroHost(ctx context.Context, o HeteroOptions, specs []heteroBoardSpec, bal host.BalanceOptions) (hh *heteroHost, err error) {
-	hh = &heteroHost{mobilityHost: &mobilityHost{done: make(chan error, 1), events: &evictEvents{}}, recs: &moveRecords{}, count: map[string]int{}, loads: map[string]float64{}}
-	m := hh.mobilityHost
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, m.close())
-		}
-	}()
-	log := slog.New(&moveHandler{next: o.mobility().logger().Handler(), rec: hh.recs})
-	reg := aggregator.NewRegistry()
-	part := mobilityPartition()
-	slots := o.VMs
-	var boards []*host.Board
-	for i, s := range specs {
-		bc := o.Board
-		bc.Timing = s.timing
-		gran := uint64(max(bc.MemPartitions, 1)) << 20
-		bc.VRAMSize = (uint64(part.Reserved) + uint64(slots)*uint64(part.VRAMPerVM) + gran - 1) / gran * gran
-		layout, err := aggregator.NewLayout(part, slots, bc.VRAMSize, bc.Channels)
-		if err != nil {
-			return hh, fmt.Errorf("board %s: %w", s.name, err)
-		}
-		bc.VRAMSegments = layout.Segments(bc.VRAMSize)
-		b, err := sim.New(bc)
-		if err != nil {
-			return hh, fmt.Errorf("board %s: %w", s.name, err)
-		}
-		m.sims = append(m.sims, b)
-		agg, err := aggregator.New(b, aggregator.Options{Partition: part, MaxVMs: slots, Channels: bc.Channels,
-			BusReadNs: bc.Timing.MMIOReadNs, BusWriteNs: bc.Timing.MMIOWriteNs, TrapNs: bc.Timing.TrapNs, Timing: bc.Timing.Name,
-			Registry: reg, Board: i, BoardName: s.name, Logger: log.With("board", s.name)})
-		if err != nil {
-			return hh, fmt.Errorf("board %s: %w", s.name, err)
-		}
-		boards = append(boards, &host.Board{Index: i, Name: s.name, Timing: bc.Timing.Name, Agg: agg, FailBus: b.FailBus})
+func newHeteroHost(ctx context.Context, o HeteroOptions, specs []boardSpec, bal host.BalanceOptions) (*heteroHost, error) {
+	hh := &heteroHost{count: map[string]int{}, loads: map[string]float64{}}
+	for i := range specs {
+		specs[i].slots = o.VMs
 	}
 	bal.Looked = func(l host.BalanceLook) {
 		hh.mu.Lock()
@@ -330,21 +232,11 @@ func newHeteroHost(ctx context.Context, o HeteroOptions, specs []heteroBoardSpec
 			hh.looks = append(hh.looks, l)
 		}
 	}
-	if m.h, err = host.New(reg, boards, host.Options{Logger: log, Balance: bal}); err != nil {
-		for _, b := range boards {
-			err = errors.Join(err, b.Agg.Close())
-		}
-		return hh, err
+	m, err := newMobilityHost(ctx, o.mobility(), specs, host.Options{Balance: bal})
+	if err != nil {
+		return nil, err
 	}
-	if m.dir, err = os.MkdirTemp("", "gpuvm-hetero-"); err != nil {
-		return hh, err
-	}
-	if m.ln, err = ipc.Listen(filepath.Join(m.dir, "gpuvm.sock"), &ipc.ListenOptions{Spin: o.ServerSpin}); err != nil {
-		return hh, err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	m.stop = stop
-	go func() { m.done <- m.h.Serve(sctx, m.ln) }()
+	hh.mobilityHost = m
 	return hh, nil
 }
 

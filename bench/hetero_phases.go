@@ -8,21 +8,22 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/host"
 )
 
 // heteroSpecs returns the boards of a phase's host: the fast one listed
 // first (placement breaks ties by configuration order), or one board for
 // the references.
-func (o HeteroOptions) heteroSpecs(phase string) []heteroBoardSpec {
-	fast, slow := heteroBoardSpec{heteroFast, o.Fast}, heteroBoardSpec{heteroSlow, o.Slow}
+func (o HeteroOptions) heteroSpecs(phase string) []boardSpec {
+	fast, slow := boardSpec{name: heteroFast, timing: o.Fast}, boardSpec{name: heteroSlow, timing: o.Slow}
 	switch phase {
 	case HeteroFastOnly:
-		return []heteroBoardSpec{fast}
+		return []boardSpec{fast}
 	case HeteroSlowOnly:
-		return []heteroBoardSpec{slow}
+		return []boardSpec{slow}
 	}
-	return []heteroBoardSpec{fast, slow}
+	return []boardSpec{fast, slow}
 }
 
 // heteroSeg is a span of a VM's run on one board.
@@ -111,25 +112,18 @@ func runHeteroPhase(ctx context.Context, o HeteroOptions, phase string, rep *Het
 	if eerr := p.end(); err != nil || eerr != nil {
 		return ph, errors.Join(err, eerr)
 	}
-	hh.recs.mu.Lock()
-	recs := slices.Clone(hh.recs.moves)
-	hh.recs.mu.Unlock()
-
-	// The moves, each with the aggregator's record of it (the k-th
-	// successful move is the k-th record: the balancer moves one at a
-	// time, and nothing else moves in this bench).
-	k := 0
+	// The moves, each with the pause its source board reported (the
+	// balancer moves one vGPU at a time, and nothing else moves here).
+	recs := hh.pauses.of(aggregator.PauseMove)
 	for _, l := range looks {
 		mv := HeteroMove{AtNs: int64(l.Time.Sub(mStart)), VM: l.Name, VGPU: l.ID, From: l.From, To: l.To, Load: l.Load, Gap: l.Gap, Reason: l.Reason}
 		if l.Outcome == host.LookFailed {
 			mv.Failed = true
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: the balancer's move of %s from %s to %s failed: %s", phase, l.Name, l.From, l.To, l.Reason))
-		} else if k < len(recs) {
-			r := recs[k]
-			k++
-			if r.FromBoard == l.From {
-				mv.Bytes, mv.DowntimeNs, mv.CopyNs = r.Bytes, int64(r.Downtime), int64(r.Copy)
-			}
+		} else if i := slices.IndexFunc(recs, func(r aggregator.Pause) bool { return r.VGPU == l.ID && r.FromBoard == l.From && r.ToBoard == l.To }); i >= 0 {
+			r := recs[i]
+			recs = slices.Delete(recs, i, i+1)
+			mv.Bytes, mv.DowntimeNs, mv.CopyNs = r.Bytes, int64(r.Took), int64(r.Copy)
 		}
 		ph.Moves = append(ph.Moves, mv)
 		o.progress("hetero: %s: moved %s (vGPU %d, load %.0f%%) %s → %s at %v: %.2f MiB in use, paused %v", phase, mv.VM, mv.VGPU, 100*mv.Load,

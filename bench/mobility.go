@@ -201,10 +201,12 @@ type boardSpec struct {
 	name       string
 	slots      int
 	overcommit float64
+	// timing is its timing profile (a zero Name: the options' board's).
+	timing sim.Timing
 }
 
 // mobilityHost is one phase's host: its boards, serving device models on
-// a private socket, and what its aggregators logged of evictions.
+// a private socket, and the pauses its aggregators reported.
 type mobilityHost struct {
 	h      *host.Host
 	sims   []*sim.Board
@@ -212,24 +214,63 @@ type mobilityHost struct {
 	dir    string
 	stop   context.CancelFunc
 	done   chan error
-	events *evictEvents
+	pauses *pauseLog
+}
+
+// pauseLog keeps every pause the aggregators of a host report
+// (aggregator.Options.OnPause), in order.
+type pauseLog struct {
+	mu  sync.Mutex
+	all []aggregator.Pause
+}
+
+func (l *pauseLog) add(p aggregator.Pause) {
+	l.mu.Lock()
+	l.all = append(l.all, p)
+	l.mu.Unlock()
+}
+
+// of returns the pauses of kind k, in order.
+func (l *pauseLog) of(k aggregator.PauseKind) []aggregator.Pause {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []aggregator.Pause
+	for _, p := range l.all {
+		if p.Kind == k {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// took returns how long each pause of kind k took.
+func (l *pauseLog) took(k aggregator.PauseKind) []time.Duration {
+	var out []time.Duration
+	for _, p := range l.of(k) {
+		out = append(out, p.Took)
+	}
+	return out
 }
 
 // newMobilityHost builds a host of boards for one phase, serving on a
-// socket in a temporary directory until close.
-func newMobilityHost(ctx context.Context, o MobilityOptions, specs []boardSpec) (m *mobilityHost, err error) {
-	m = &mobilityHost{done: make(chan error, 1), events: &evictEvents{}}
+// socket in a temporary directory until close; hopts are the host's
+// options (its logger is set here).
+func newMobilityHost(ctx context.Context, o MobilityOptions, specs []boardSpec, hopts host.Options) (m *mobilityHost, err error) {
+	m = &mobilityHost{done: make(chan error, 1), pauses: &pauseLog{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, m.close())
 		}
 	}()
-	log := slog.New(&captureHandler{next: o.logger().Handler(), ev: m.events})
+	log := o.logger()
 	reg := aggregator.NewRegistry()
 	part := mobilityPartition()
 	var boards []*host.Board
 	for i, s := range specs {
 		bc := o.Board
+		if s.timing.Name != "" {
+			bc.Timing = s.timing
+		}
 		// The slots, the reserve, rounded up to the memory partitions'
 		// granule (a MiB per partition).
 		gran := uint64(max(bc.MemPartitions, 1)) << 20
@@ -247,13 +288,14 @@ func newMobilityHost(ctx context.Context, o MobilityOptions, specs []boardSpec) 
 		agg, err := aggregator.New(b, aggregator.Options{Partition: part, MaxVMs: s.slots, Channels: bc.Channels,
 			BusReadNs: bc.Timing.MMIOReadNs, BusWriteNs: bc.Timing.MMIOWriteNs, TrapNs: bc.Timing.TrapNs, Timing: bc.Timing.Name,
 			Registry: reg, Board: i, BoardName: s.name, HealthInterval: mobilityHealth, Logger: log.With("board", s.name),
-			Overcommit: s.overcommit, EvictIdle: o.EvictIdle, MinResidency: o.MinResidency})
+			Overcommit: s.overcommit, EvictIdle: o.EvictIdle, MinResidency: o.MinResidency, OnPause: m.pauses.add})
 		if err != nil {
 			return m, fmt.Errorf("board %s: %w", s.name, err)
 		}
 		boards = append(boards, &host.Board{Index: i, Name: s.name, Timing: bc.Timing.Name, Agg: agg, FailBus: b.FailBus})
 	}
-	if m.h, err = host.New(reg, boards, host.Options{Logger: log}); err != nil {
+	hopts.Logger = log
+	if m.h, err = host.New(reg, boards, hopts); err != nil {
 		for _, b := range boards {
 			err = errors.Join(err, b.Agg.Close())
 		}
@@ -318,55 +360,6 @@ func (o MobilityOptions) progress(format string, args ...any) {
 	if o.Progress != nil {
 		o.Progress(fmt.Sprintf(format, args...))
 	}
-}
-
-// evictEvents are the evictions and restores the aggregators logged, each
-// with how long the vGPU was paused for it.
-type evictEvents struct {
-	mu                 sync.Mutex
-	evictions, restore []time.Duration
-}
-
-// captureHandler passes records on to next and takes the pause of each
-// eviction and restore from the aggregator's "vGPU evicted" and "vGPU
-// restored" records (their "took" attribute), which no counter keeps.
-type captureHandler struct {
-	next slog.Handler
-	ev   *evictEvents
-}
-
-func (h *captureHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelInfo || h.next.Enabled(ctx, l)
-}
-
-func (h *captureHandler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "vGPU evicted" || r.Message == "vGPU restored" {
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key != "took" || a.Value.Kind() != slog.KindDuration {
-				return true
-			}
-			h.ev.mu.Lock()
-			if r.Message == "vGPU evicted" {
-				h.ev.evictions = append(h.ev.evictions, a.Value.Duration())
-			} else {
-				h.ev.restore = append(h.ev.restore, a.Value.Duration())
-			}
-			h.ev.mu.Unlock()
-			return false
-		})
-	}
-	if h.next.Enabled(ctx, r.Level) {
-		return h.next.Handle(ctx, r)
-	}
-	return nil
-}
-
-func (h *captureHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &captureHandler{next: h.next.WithAttrs(as), ev: h.ev}
-}
-
-func (h *captureHandler) WithGroup(name string) slog.Handler {
-	return &captureHandler{next: h.next.WithGroup(name), ev: h.ev}
 }
 
 // mobilityVMs are the VM processes of one phase.

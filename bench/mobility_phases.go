@@ -63,7 +63,7 @@ type phaseRun struct {
 // gate once all are set up.
 func startPhase(ctx context.Context, o MobilityOptions, specs []boardSpec, prefix string, modes []string) (*phaseRun, error) {
 	vctx, cancel := context.WithCancel(ctx)
-	m, err := newMobilityHost(ctx, o, specs)
+	m, err := newMobilityHost(ctx, o, specs, host.Options{})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -275,11 +275,9 @@ func runOvercommitPhase(ctx context.Context, o MobilityOptions, rep *MobilityRep
 	if oc.Restores > 0 {
 		oc.RestoreWaitMeanNs = int64(oc.RestoreWNs / oc.Restores)
 	}
-	ev := p.m.events
-	ev.mu.Lock()
-	oc.EvictMeanNs, oc.EvictP99Ns = int64(meanDuration(ev.evictions)), int64(percentile(ev.evictions, 0.99))
-	oc.RestoreMeanNs, oc.RestoreP99Ns = int64(meanDuration(ev.restore)), int64(percentile(ev.restore, 0.99))
-	ev.mu.Unlock()
+	evictions, restores := p.m.pauses.took(aggregator.PauseEvict), p.m.pauses.took(aggregator.PauseRestore)
+	oc.EvictMeanNs, oc.EvictP99Ns = int64(meanDuration(evictions)), int64(percentile(evictions, 0.99))
+	oc.RestoreMeanNs, oc.RestoreP99Ns = int64(meanDuration(restores)), int64(percentile(restores, 0.99))
 	if oc.Evictions == 0 {
 		rep.Problems = append(rep.Problems, "overcommit: no vGPU was evicted")
 	}
