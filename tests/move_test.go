@@ -17,6 +17,7 @@ import (
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/hypercall"
 	"github.com/gpuvm/gpuvm/ipc"
 )
 
@@ -489,4 +490,119 @@ func (f *flood) progress(t *testing.T) bool {
 func (f *flood) stop() {
 	f.halt.Store(true)
 	f.wg.Wait()
+}
+
+// TestMovePVHostileVM: a PV VM rings its doorbell without pause and churns
+// its aggregator-owned page tables by hypercall — maps entries outside its
+// slice (each refused), maps its own page again, allocates page tables,
+// links them into its page directory, fills them with its own pages, frees
+// them — while it is moved between the boards. The moves carry its tables
+// (rebuilt from the guest's terms on each new slot); nothing it maps
+// reaches another slot (canaries in the free slots of both boards, the
+// honest VM on b verifies); its own VRAM comes with it, and the table it
+// built before the moves still maps it; an entry outside its slice is
+// still refused afterwards.
+func TestMovePVHostileVM(t *testing.T) {
+	a, b := twoBoardEnv(t)
+	honest, _ := b.startBusyHonest(t, 8) // slot 0 of b
+	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
+	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
+
+	h := newAttacker(t, a, "hostile", 66, "pv-multicall")
+	h.controlCopies(t) // its own page holds the pattern from src
+	want := bytes.Clone(h.src.Bytes)
+	g := h.inspectChannel(t)
+	put := h.put(g)
+	hv := a.vgpu("hostile")
+	outside := []uint64{vramPerVM, canaryA.phys &^ (pageSize - 1), (canaryA.phys - a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
+	va := h.mapVRAM(t, h.own)
+	p := newPVRaw(t, h, 1)
+	kept, keptVA := p.pvTable(t, 8000) // built before the moves, used after
+	if code, _ := p.one(hypercall.Call{Op: hypercall.OpMapBatch, PT: kept, Count: 4, PTE: vramPTE(h.own)}); code != hypercall.OK {
+		t.Fatal(code)
+	}
+	p.flush(t)
+
+	var halt atomic.Bool
+	var rung, refused, churned atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		var live []uint32
+		for i := 0; !halt.Load(); i++ {
+			for range 64 {
+				h.ring(g, put)
+			}
+			rung.Add(64)
+			if err := h.vm.MapVRAM(va, outside[i%len(outside)], pageSize); !errors.Is(err, hypercall.ErrFault) {
+				done <- fmt.Errorf("map of %#x outside its slice: %v, want ErrFault", outside[i%len(outside)], err)
+				return
+			}
+			refused.Add(1)
+			if err := h.vm.MapVRAM(va, h.own, pageSize); err != nil {
+				done <- fmt.Errorf("map of its own page: %w", err)
+				return
+			}
+			code, pt := p.one(hypercall.Call{Op: hypercall.OpMemAlloc, Kind: hypercall.KindSmallTable})
+			if code != hypercall.OK {
+				done <- fmt.Errorf("allocate a table: %v", code)
+				return
+			}
+			pde := uint32(8001 + i%4)
+			if code, _ := p.one(hypercall.Call{Op: hypercall.OpMapPGT, PD: h.vm.PVPageDir(), PDE: pde, Small: pt}); code != hypercall.OK {
+				done <- fmt.Errorf("link a table at %d: %v", pde, code)
+				return
+			}
+			if code, _ := p.one(hypercall.Call{Op: hypercall.OpMapBatch, PT: pt, Count: 64, PTE: vramPTE(h.own)}); code != hypercall.OK {
+				done <- fmt.Errorf("fill a table: %v", code)
+				return
+			}
+			if len(live) >= 4 { // the one linked at this entry before: unlinked by the link above
+				if code, _ := p.one(hypercall.Call{Op: hypercall.OpMemFree, Handle: live[0]}); code != hypercall.OK {
+					done <- fmt.Errorf("free a table: %v", code)
+					return
+				}
+				live = live[1:]
+			}
+			live = append(live, pt)
+			churned.Add(1)
+		}
+		done <- nil
+	}()
+	progress := func() bool {
+		n := churned.Load()
+		return pollUntil(time.Minute, func() bool { return churned.Load() >= n+4 || len(done) > 0 })
+	}
+	for i, to := range []*env{b, a, b, a} {
+		if !progress() || len(done) > 0 {
+			t.Fatalf("hop %d: the churn stalled or ended", i)
+		}
+		moveTo(t, hv, to)
+	}
+	halt.Store(true)
+	if err := <-done; err != nil {
+		t.Fatalf("the churn: %v", err)
+	}
+	t.Logf("%d doorbells, %d refused maps, %d tables churned during the moves", rung.Load(), refused.Load(), churned.Load())
+	// Its own VRAM moved with it, through its driver's tables and the one
+	// it built itself before the moves.
+	for _, from := range []uint64{h.ownVA, keptVA} {
+		fillSink(h)
+		if err := h.gpuCopy(h.sinkVA, from); err != nil {
+			t.Fatalf("copy from its own VRAM at %#x after the moves: %v (device: %v)", from, err, h.dev.Err())
+		}
+		if !bytes.Equal(h.sink.Bytes, want) {
+			t.Fatalf("its own VRAM read through %#x did not move with it", from)
+		}
+	}
+	for _, o := range outside {
+		if err := h.vm.MapVRAM(va, o, pageSize); !errors.Is(err, hypercall.ErrFault) {
+			t.Fatalf("map of %#x outside its slice after the moves: %v, want ErrFault", o, err)
+		}
+	}
+	if c := hv.Counters(); c.Moves != 4 {
+		t.Fatalf("%d moves counted, want 4", c.Moves)
+	}
+	honest.verified(t)
+	a.checkCanary(t, canaryA)
+	b.checkCanary(t, canaryB)
 }
