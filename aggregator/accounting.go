@@ -73,6 +73,19 @@ type account struct {
 	slo         sloAccount
 }
 
+// carry takes the totals of old, the vGPU's account on the dispatcher it
+// left (a move or an eviction), so that the figures operators and metrics
+// read of it never go back: submissions, GPU time, queue wait and its
+// buckets, releases, SLO violations and boosted windows. Its share window
+// starts empty (the share is of this board's time), and the policy's own
+// state for it (BAND's budget, credits) starts afresh on this board, as
+// any VM's that joins.
+func (c *account) carry(old *account) {
+	c.submissions, c.gpuTime, c.queueWait = old.submissions, old.gpuTime, old.queueWait
+	c.waits, c.released = old.waits, old.released
+	c.slo.violations, c.slo.boosted = old.slo.violations, old.slo.boosted
+}
+
 // bucket is one shareBucket of GPU time; idx names which (time/shareBucket).
 type bucket struct {
 	idx int64

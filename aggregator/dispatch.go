@@ -155,14 +155,21 @@ func (d *dispatcher) signal() {
 	}
 }
 
-// addVM and removeVM register a vGPU with the policy.
+// addVM and removeVM register a vGPU with the policy. A vGPU that comes
+// from another board's dispatcher (a move, a restore) keeps its totals
+// (account.carry). Called with v.mu held.
 func (d *dispatcher) addVM(v *VGPU, weight int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.policy.AddVM(sched.VMID(v.ID), weight, d.clock.Now()); err != nil {
 		return err
 	}
-	d.accounts[v.ID] = &account{v: v, weight: weight, slo: d.newSLO(v)}
+	c := &account{v: v, weight: weight, slo: d.newSLO(v)}
+	if old := v.leftAccount; old != nil && old.v == v {
+		c.carry(old)
+	}
+	v.leftAccount = nil
+	d.accounts[v.ID] = c
 	return nil
 }
 

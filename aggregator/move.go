@@ -322,6 +322,7 @@ func (d *dispatcher) quiesce(ctx context.Context, v *VGPU) error {
 			}
 		}
 		if !busy {
+			v.leftAccount = d.accounts[v.ID] // the next board's addVM carries its totals
 			d.forget(v)
 			d.mu.Unlock()
 			d.signal()

@@ -11,7 +11,8 @@ import (
 // TestPausesReported: a move, an eviction and the restore it leads to are
 // each reported to Options.OnPause once, by the board the move left and
 // the board that evicted and restored, with where the vGPU was and went
-// and what was copied.
+// and what was copied; the vGPU's scheduler totals (submissions, GPU time,
+// queue wait) follow it to the new board.
 func TestPausesReported(t *testing.T) {
 	var mu sync.Mutex
 	var got []Pause
@@ -21,6 +22,7 @@ func TestPausesReported(t *testing.T) {
 	b, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, Board: 1, BoardName: "b", OnPause: record})
 	g := startGuest(t, a, "paused", "fv-optimized")
 	verifiedWork(t, g)
+	before := g.v.SchedStats()
 	if _, err := Move(context.Background(), g.v, b); err != nil {
 		t.Fatal(err)
 	}
@@ -29,6 +31,15 @@ func TestPausesReported(t *testing.T) {
 	}
 	if _, err := g.v.Read32(nvc0.BAR0, nvc0.RegBoot0); err != nil { // brings it back
 		t.Fatal(err)
+	}
+	// Its scheduler totals came along (they never go back), and grow.
+	after := g.v.SchedStats()
+	if after.Submissions < before.Submissions || after.GPUTime < before.GPUTime || after.Released < before.Released || after.QueueWait < before.QueueWait {
+		t.Errorf("scheduler totals went back across the move and eviction: %+v, were %+v", after, before)
+	}
+	verifiedWork(t, g)
+	if later := g.v.SchedStats(); later.Submissions <= after.Submissions || later.GPUTime <= after.GPUTime {
+		t.Errorf("scheduler totals did not grow with work on the new board: %+v, were %+v", later, after)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -83,6 +83,10 @@ type VGPU struct {
 
 	// irq raises the VM's virtual interrupt (irq.go).
 	irq vgpuIRQ
+	// leftAccount is its scheduler account on the dispatcher it was last
+	// taken off (a move or an eviction), whose totals the next one
+	// carries on (dispatcher.addVM). Under mu.
+	leftAccount *account
 	// pvdrmWake wakes a pvdrm back end's CPU_PREP waiters when a
 	// submission ends (registered with the dispatcher of whichever board
 	// the vGPU is on: rewireEnded). Set once at attach, under mu.
