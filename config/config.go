@@ -479,6 +479,7 @@ func (c Config) LookupVM(name string, domid int) VMConfig {
 				v.BAR1 = cmp.Or(v.BAR1, p.BAR1)
 				v.BAR3 = cmp.Or(v.BAR3, p.BAR3)
 				v.SLO = c.profileSLO(i, v.SLO, p)
+				v.Board = cmp.Or(v.Board, p.Board)
 				if c.src != nil && !c.src.written(joinKey(indexKey("vm", i), "weight")) || c.src == nil && v.Weight == 0 {
 					v.Weight = p.Weight
 				}

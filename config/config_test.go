@@ -57,7 +57,7 @@ func TestExampleFile(t *testing.T) {
 	want.VMs = []VMConfig{{Name: "guest1", DomID: 1, Mode: ModeFVOptimized, Weight: 1, VRAM: 512 * MiB, Channels: 16,
 		BAR1: 15 * MiB, BAR3: 2 * MiB, Profile: "vgpu-512m", Board: "gpu0"}}
 	want.Profiles = []ProfileConfig{{Name: "compute-small", Description: "batch jobs: little VRAM, a low share",
-		VRAM: 128 * MiB, Channels: 4, BAR1: 4 * MiB, BAR3: 1 * MiB, Weight: 1}}
+		VRAM: 128 * MiB, Channels: 4, BAR1: 4 * MiB, BAR3: 1 * MiB, Weight: 1, Board: "gpu0"}}
 	got := c
 	got.src = nil
 	if !reflect.DeepEqual(got, want) {
@@ -836,6 +836,7 @@ func TestBoardsErrors(t *testing.T) {
 		"timing":      {"[[boards]]\ntiming = \"fast\"\n", `t.toml:2:10: boards[0].timing: unknown timing model "fast"`},
 		"placement":   {"[daemon]\nplacement = \"random\"\n", `t.toml:2:13: daemon.placement: unknown placement "random" (want spread or pack)`},
 		"vm pin":      {"[[boards]]\nname = \"a\"\n[[vm]]\nname = \"g\"\nboard = \"b\"\n", `t.toml:5:9: vm[0].board: no board "b" (have a)`},
+		"profile pin": {"[[boards]]\nname = \"a\"\n[[profile]]\nname = \"p\"\nboard = \"b\"\n", `t.toml:5:9: profile[0].board: no board "b" (have a)`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.in), "t.toml")
@@ -865,5 +866,36 @@ func TestTimingValid(t *testing.T) {
 	}
 	if all := c.AllBoards(); len(all) != 2 || all[1].Timing != TimingFermiX4 {
 		t.Errorf("boards = %+v", all)
+	}
+}
+
+// TestProfilePinsBoard: a [[vm]] entry that names a profile with a board
+// and no board of its own is pinned to the profile's; its own board wins.
+func TestProfilePinsBoard(t *testing.T) {
+	c, err := Parse([]byte(`
+[[boards]]
+name = "fast"
+[[boards]]
+name = "slow"
+[[profile]]
+name = "batch"
+board = "slow"
+[[vm]]
+name = "follows"
+profile = "batch"
+[[vm]]
+name = "own"
+profile = "batch"
+board = "fast"
+[[vm]]
+name = "free"
+`), "t.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"follows": "slow", "own": "fast", "free": ""} {
+		if got := c.LookupVM(name, 0).Board; got != want {
+			t.Errorf("%s: pinned to %q, want %q", name, got, want)
+		}
 	}
 }

@@ -36,6 +36,9 @@ type ProfileConfig struct {
 	Weight int `toml:"weight"`
 	// SLO is its VMs' default queue-wait objective; 0 = none (slo.go).
 	SLO Duration `toml:"slo,omitempty"`
+	// Board pins the [[vm]] entries that name this profile and no board
+	// of their own to the board of that name ([[boards]]). Empty: any.
+	Board string `toml:"board,omitempty"`
 }
 
 // profileName is what a profile name may look like (it appears in xl
@@ -188,6 +191,11 @@ func (c Config) validateProfiles(v *validator) {
 		if v.ok(key("weight")) && (p.Weight != 0 || v.src.written(key("weight"))) && (p.Weight < 1 || p.Weight > MaxWeight) {
 			v.errorf([]string{key("weight")}, "%d is out of range 1..%d", p.Weight, MaxWeight)
 		}
+		if p.Board != "" && v.ok(key("board")) {
+			if _, ok := c.LookupBoard(p.Board); !ok {
+				v.errorf([]string{key("board")}, "no board %q (have %s)", p.Board, strings.Join(c.BoardNames(), ", "))
+			}
+		}
 	}
 	for i, vm := range c.VMs {
 		key := joinKey(indexKey("vm", i), "profile")
@@ -219,6 +227,7 @@ func (d *decoder) profiles(v any) error {
 				{"bar3", setSize(&p.BAR3)},
 				{"weight", setInt(&p.Weight)},
 				{"slo", setDuration(&p.SLO)},
+				{"board", setString(&p.Board)},
 			})
 		} else {
 			d.fail(key, false, typeError("a table", e))
