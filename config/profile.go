@@ -36,8 +36,9 @@ type ProfileConfig struct {
 	Weight int `toml:"weight"`
 	// SLO is its VMs' default queue-wait objective; 0 = none (slo.go).
 	SLO Duration `toml:"slo,omitempty"`
-	// Board pins the [[vm]] entries that name this profile and no board
-	// of their own to the board of that name ([[boards]]). Empty: any.
+	// Board pins the VMs it sizes — [[vm]] entries that name it and no
+	// board of their own, domains registered with it — to the board of
+	// that name ([[boards]]). Empty: any.
 	Board string `toml:"board,omitempty"`
 }
 

@@ -275,10 +275,8 @@ func (h *Host) balanceViews() []balanceView {
 			bv := balanceVGPU{v: v, load: loads[i].vgpus[v]}
 			if _, err := aggregator.FeaturesFor(v.Guest.Mode); err != nil {
 				bv.why = fmt.Sprintf("mode %s cannot move", v.Guest.Mode)
-			} else if h.opts.Pin != nil {
-				if pin := h.opts.Pin(v.Guest); pin != "" {
-					bv.why = fmt.Sprintf("pinned to board %s", pin)
-				}
+			} else if pin := h.pinOf(v.Guest, v); pin != "" {
+				bv.why = fmt.Sprintf("pinned to board %s", pin)
 			}
 			views[i].vgpus = append(views[i].vgpus, bv)
 		}

@@ -56,7 +56,7 @@ func (h *Host) Drain(ctx context.Context, name string) (DrainResult, error) {
 			r.Left = append(r.Left, DrainLeft{ID: v.ID, Name: v.Guest.Name, Reason: "the drain was stopped: " + err.Error()})
 			continue
 		}
-		to, d := h.placeElsewhere(v.Guest, b)
+		to, d := h.placeElsewhere(v, b)
 		if to == nil {
 			r.Left = append(r.Left, DrainLeft{ID: v.ID, Name: v.Guest.Name, Reason: d.Reason})
 			continue
@@ -76,13 +76,12 @@ func (h *Host) Drain(ctx context.Context, name string) (DrainResult, error) {
 
 // placeElsewhere chooses, as placement would, a board other than from for
 // a vGPU already running (it is not recorded as a placement: the move is).
-func (h *Host) placeElsewhere(g aggregator.Guest, from *Board) (*Board, Decision) {
-	if h.opts.Pin != nil {
-		if pin := h.opts.Pin(g); pin == from.Name {
-			return nil, Decision{Reason: fmt.Sprintf("the guest is pinned to board %s", pin)}
-		}
+func (h *Host) placeElsewhere(v *aggregator.VGPU, from *Board) (*Board, Decision) {
+	pin := h.pinOf(v.Guest, v)
+	if pin == from.Name {
+		return nil, Decision{Reason: fmt.Sprintf("the guest is pinned to board %s", pin)}
 	}
-	return h.choose(g, from)
+	return h.choose(v.Guest, pin, from)
 }
 
 // serveDrain answers POST /v1/boards/{name}/drain.

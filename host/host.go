@@ -58,8 +58,10 @@ const (
 
 // Options configure a Host.
 type Options struct {
-	// Pin names the board a guest's configuration pins it to ("": any).
-	Pin func(aggregator.Guest) string
+	// Pin names the board a guest's configuration pins it to ("": any),
+	// given the vGPU profile that sizes it ("": none): that of its
+	// running vGPU, or of the settings registered for its domain.
+	Pin func(g aggregator.Guest, profile string) string
 	// Placement names the placement policy: PlaceSpread ("" too) or
 	// PlacePack.
 	Placement string

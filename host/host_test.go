@@ -134,8 +134,26 @@ func TestPlacementSpreadsByWeightThenFit(t *testing.T) {
 	}
 }
 
+// TestPlacementPinByRegisteredProfile: a guest whose registered settings
+// name a profile is pinned as that profile pins (Options.Pin is given the
+// profile), before it has a vGPU.
+func TestPlacementPinByRegisteredProfile(t *testing.T) {
+	h := newTestHost(t, Options{Pin: func(_ aggregator.Guest, profile string) string {
+		return map[string]string{"batch": "slow"}[profile]
+	}}, 2, 2)
+	h.mu.Lock()
+	h.pending[5] = aggregator.DomainSettings{Profile: "batch"}
+	h.mu.Unlock()
+	if b, d := h.Place(aggregator.Guest{DomID: 5, Name: "registered"}); b == nil || b.Name != "slow" || !strings.Contains(d.Reason, "pinned") {
+		t.Fatalf("a guest registered with a pinned profile placed on %v (%s)", b, d.Reason)
+	}
+	if b, _ := h.Place(aggregator.Guest{DomID: 6, Name: "other"}); b == nil || b.Name != "fast" {
+		t.Fatalf("a guest without settings placed on %v, want fast (listed first, both idle)", b)
+	}
+}
+
 func TestPlacementPinAndCordon(t *testing.T) {
-	h := newTestHost(t, Options{Pin: func(g aggregator.Guest) string {
+	h := newTestHost(t, Options{Pin: func(g aggregator.Guest, _ string) string {
 		return map[string]string{"pinned": "slow", "lost": "nowhere"}[g.Name]
 	}}, 2, 2)
 	if b, _, d := attach(t, h, 1, "pinned"); b == nil || b.Name != "slow" || !strings.Contains(d.Reason, "pinned") {
@@ -320,7 +338,7 @@ func TestPlacementPack(t *testing.T) {
 }
 
 func TestDrain(t *testing.T) {
-	h := newTestHost(t, Options{Pin: func(g aggregator.Guest) string {
+	h := newTestHost(t, Options{Pin: func(g aggregator.Guest, _ string) string {
 		return map[string]string{"pinned": "fast"}[g.Name]
 	}}, 3, 2, 2)
 	// Three VMs on fast (pack them there by cordoning the others), one PV.

@@ -54,10 +54,8 @@ func (h *Host) move(ctx context.Context, id int, toBoard, kind, by string) (Move
 	if st := h.states()[to.Index]; st != StateActive {
 		return r, fmt.Errorf("move vGPU %d: board %s is %s: %w", id, toBoard, st, ErrMoveRefused)
 	}
-	if h.opts.Pin != nil {
-		if pin := h.opts.Pin(v.Guest); pin != "" && pin != toBoard {
-			return r, fmt.Errorf("move vGPU %d: the guest is pinned to board %q: %w", id, pin, ErrMoveRefused)
-		}
+	if pin := h.pinOf(v.Guest, v); pin != "" && pin != toBoard {
+		return r, fmt.Errorf("move vGPU %d: the guest is pinned to board %q: %w", id, pin, ErrMoveRefused)
 	}
 	st, err := aggregator.Move(ctx, v, to.Agg)
 	r.FromSlot, r.ToSlot = st.FromSlot, st.ToSlot

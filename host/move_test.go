@@ -16,7 +16,7 @@ import (
 // pinned guests.
 func TestMoveThroughControlAPI(t *testing.T) {
 	pinned := uint32(9)
-	h := newTestHost(t, Options{Pin: func(g aggregator.Guest) string {
+	h := newTestHost(t, Options{Pin: func(g aggregator.Guest, _ string) string {
 		if g.DomID == pinned {
 			return "fast"
 		}

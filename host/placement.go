@@ -93,7 +93,7 @@ type Decision struct {
 // Place chooses a board for g (nil if none can take it) and records the
 // decision.
 func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
-	b, d := h.choose(g, nil)
+	b, d := h.choose(g, h.pinOf(g, nil), nil)
 	h.record(d)
 	return b, d
 }
@@ -101,7 +101,7 @@ func (h *Host) Place(g aggregator.Guest) (*Board, Decision) {
 // placeAvoiding is Place among the boards not in tried: those a VM found
 // full when it attached, although placement had chosen them.
 func (h *Host) placeAvoiding(g aggregator.Guest, tried map[*Board]bool) (*Board, Decision) {
-	b, d := h.chooseExcept(g, func(b *Board) string {
+	b, d := h.chooseExcept(g, h.pinOf(g, nil), func(b *Board) string {
 		if tried[b] {
 			return "found full when the VM attached"
 		}
@@ -113,8 +113,8 @@ func (h *Host) placeAvoiding(g aggregator.Guest, tried map[*Board]bool) (*Board,
 
 // choose is Place without recording; a board other than nil is excluded
 // (the one a drain empties).
-func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
-	return h.chooseExcept(g, func(b *Board) string {
+func (h *Host) choose(g aggregator.Guest, pin string, exclude *Board) (*Board, Decision) {
+	return h.chooseExcept(g, pin, func(b *Board) string {
 		if b == exclude {
 			return "the board being drained"
 		}
@@ -122,12 +122,27 @@ func (h *Host) choose(g aggregator.Guest, exclude *Board) (*Board, Decision) {
 	})
 }
 
-// chooseExcept is choose with the boards excluded says why ("": none).
-func (h *Host) chooseExcept(g aggregator.Guest, excluded func(*Board) string) (*Board, Decision) {
-	pin := ""
-	if h.opts.Pin != nil {
-		pin = h.opts.Pin(g)
+// pinOf is the board g is pinned to ("": none): Options.Pin with the
+// profile of v, its running vGPU, or for a guest not attached yet (v nil)
+// of the settings registered for its domain.
+func (h *Host) pinOf(g aggregator.Guest, v *aggregator.VGPU) string {
+	if h.opts.Pin == nil {
+		return ""
 	}
+	profile := ""
+	if v != nil {
+		profile = v.Profile()
+	} else {
+		h.mu.Lock()
+		profile = h.pending[g.DomID].Profile
+		h.mu.Unlock()
+	}
+	return h.opts.Pin(g, profile)
+}
+
+// chooseExcept is choose with the boards excluded says why ("": none);
+// pin is the board g is pinned to ("": none).
+func (h *Host) chooseExcept(g aggregator.Guest, pin string, excluded func(*Board) string) (*Board, Decision) {
 	states := h.states()
 	loads := h.load.sample(h.boards, time.Now())
 	d := Decision{Time: time.Now(), Kind: KindPlace, DomID: g.DomID, Name: g.Name}

@@ -19,7 +19,7 @@ import (
 // recorded with the placement decisions.
 func (h *Host) rehomer(lost *Board) func(*aggregator.VGPU) *aggregator.Aggregator {
 	return func(v *aggregator.VGPU) *aggregator.Aggregator {
-		to, d := h.placeElsewhere(v.Guest, lost)
+		to, d := h.placeElsewhere(v, lost)
 		d.Time, d.Kind, d.DomID, d.Name = time.Now(), KindRestart, v.Guest.DomID, v.Guest.Name
 		if to == nil {
 			d.Board = ""

@@ -80,7 +80,20 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 	}
 	d := cfg.Daemon
 	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: d.Placement,
-		Pin: func(g aggregator.Guest) string { return cfg.LookupVM(g.Name, int(g.DomID)).Board },
+		Pin: func(g aggregator.Guest, profile string) string { return pinOf(cfg, g, profile) },
 		Balance: host.BalanceOptions{Policy: d.Balance, Interval: d.BalanceInterval.Duration, Threshold: d.BalanceThreshold,
 			Hold: d.BalanceHold.Duration}})
+}
+
+// pinOf is the board cfg pins guest g to ("": any): its [[vm]] entry's
+// board (or that entry's profile's), else the board of the profile its
+// settings name (registered from xl or libvirt).
+func pinOf(cfg config.Config, g aggregator.Guest, profile string) string {
+	if b := cfg.LookupVM(g.Name, int(g.DomID)).Board; b != "" {
+		return b
+	}
+	if p, ok := cfg.LookupProfile(profile); ok && profile != "" {
+		return p.Board
+	}
+	return ""
 }
