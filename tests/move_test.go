@@ -185,26 +185,69 @@ func TestMoveRunningVM(t *testing.T) {
 	}
 }
 
+// hostileMoveScene is two boards, the honest VM computing on b (slot 0),
+// a canary in a free slot of each, and the hostile VM on a, its own page
+// holding src's pattern (want), its channel inspected.
+type hostileMoveScene struct {
+	a, b             *env
+	honest           *proc
+	canaryA, canaryB canary
+	h                *attacker
+	hv               *aggregator.VGPU
+	want             []byte
+	g                guestChan
+	put              uint32
+	// outside are targets outside its slice: the canary's page as a
+	// slice offset and as a raw address, one page past its slice.
+	outside []uint64
+}
+
+func newHostileMoveScene(t *testing.T, mode string) *hostileMoveScene {
+	t.Helper()
+	s := &hostileMoveScene{}
+	s.a, s.b = twoBoardEnv(t)
+	s.honest, _ = s.b.startBusyHonest(t, 8) // slot 0 of b
+	s.canaryA = s.a.plant(t, "board a, free slot", s.a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
+	s.canaryB = s.b.plant(t, "board b, free slot", s.b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
+	s.h = newAttacker(t, s.a, "hostile", 66, mode)
+	s.h.controlCopies(t) // its own page holds the pattern from src
+	s.want = bytes.Clone(s.h.src.Bytes)
+	s.g = s.h.inspectChannel(t)
+	s.put = s.h.put(s.g)
+	s.hv = s.a.vgpu("hostile")
+	s.outside = []uint64{vramPerVM, s.canaryA.phys &^ (pageSize - 1), (s.canaryA.phys - s.a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
+	return s
+}
+
+// ownCameAlong checks that a copy from its own page through va returns
+// the pattern it held before the moves.
+func (s *hostileMoveScene) ownCameAlong(t *testing.T, va uint64) {
+	t.Helper()
+	fillSink(s.h)
+	if err := s.h.gpuCopy(s.h.sinkVA, va); err != nil {
+		t.Fatalf("copy from its own VRAM at %#x after the moves: %v (device: %v)", va, err, s.h.dev.Err())
+	}
+	if !bytes.Equal(s.h.sink.Bytes, s.want) {
+		t.Fatalf("its own VRAM read through %#x did not move with it", va)
+	}
+}
+
+// innocent checks the honest VM verified and both canaries are intact.
+func (s *hostileMoveScene) innocent(t *testing.T) {
+	t.Helper()
+	s.honest.verified(t)
+	s.a.checkCanary(t, s.canaryA)
+	s.b.checkCanary(t, s.canaryB)
+}
+
 // TestMoveHostileVM: a VM that floods its doorbell and rewrites its page
 // tables (entries naming memory outside its slice, then its own again,
 // TLB flushes) while it is moved between the boards. The moves complete;
 // nothing it maps reaches another slot (canaries in the free slots of both
 // boards, the honest VM on board b verifies); its own VRAM moved with it.
 func TestMoveHostileVM(t *testing.T) {
-	a, b := twoBoardEnv(t)
-	honest, _ := b.startBusyHonest(t, 8) // slot 0 of b
-	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
-	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
-
-	h := newAttacker(t, a, "hostile", 66, "fv-optimized")
-	h.controlCopies(t) // its own page holds the pattern from src
-	want := bytes.Clone(h.src.Bytes)
-	g := h.inspectChannel(t)
-	put := h.put(g)
-	hv := a.vgpu("hostile")
-	// Targets outside its slice: the canaries' pages as slice offsets and
-	// raw addresses, one page past its slice.
-	outside := []uint64{vramPerVM, canaryA.phys &^ (pageSize - 1), (canaryA.phys - a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
+	s := newHostileMoveScene(t, "fv-optimized")
+	a, b, h, g, put, hv, outside := s.a, s.b, s.h, s.g, s.put, s.hv, s.outside
 	va := h.mapVRAM(t, h.own)
 
 	f := startFlood(h, g, put, va, outside)
@@ -220,22 +263,14 @@ func TestMoveHostileVM(t *testing.T) {
 		t.Fatal("no page-table rewrite happened: the attack did not run")
 	}
 	// Its own VRAM moved with it, and its channel still works.
-	fillSink(h)
-	if err := h.gpuCopy(h.sinkVA, h.ownVA); err != nil {
-		t.Fatalf("copy from its own VRAM after the moves: %v (device: %v)", err, h.dev.Err())
-	}
-	if !bytes.Equal(h.sink.Bytes, want) {
-		t.Fatal("its own VRAM did not move with it")
-	}
+	s.ownCameAlong(t, h.ownVA)
 	// A hostile entry installed after the moves still reaches nothing.
 	for _, o := range outside {
 		evil := h.mapVRAM(t, o)
 		expectFault(t, h.gpuCopy(evil, h.srcVA), "a copy through an entry outside its slice, after its moves")
 		h.newChannel(t)
 	}
-	honest.verified(t)
-	a.checkCanary(t, canaryA)
-	b.checkCanary(t, canaryB)
+	s.innocent(t)
 }
 
 // TestMoveRemapRace: a BAR-remap guest reads and writes its own VRAM through
@@ -503,18 +538,8 @@ func (f *flood) stop() {
 // built before the moves still maps it; an entry outside its slice is
 // still refused afterwards.
 func TestMovePVHostileVM(t *testing.T) {
-	a, b := twoBoardEnv(t)
-	honest, _ := b.startBusyHonest(t, 8) // slot 0 of b
-	canaryA := a.plant(t, "board a, free slot", a.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x3C)
-	canaryB := b.plant(t, "board b, free slot", b.layout.Slots[maxVMs-1].VRAM.Base+vramPerVM/2, 0x4D)
-
-	h := newAttacker(t, a, "hostile", 66, "pv-multicall")
-	h.controlCopies(t) // its own page holds the pattern from src
-	want := bytes.Clone(h.src.Bytes)
-	g := h.inspectChannel(t)
-	put := h.put(g)
-	hv := a.vgpu("hostile")
-	outside := []uint64{vramPerVM, canaryA.phys &^ (pageSize - 1), (canaryA.phys - a.layout.Slots[0].VRAM.Base) &^ (pageSize - 1)}
+	s := newHostileMoveScene(t, "pv-multicall")
+	a, b, h, g, put, hv, outside := s.a, s.b, s.h, s.g, s.put, s.hv, s.outside
 	va := h.mapVRAM(t, h.own)
 	p := newPVRaw(t, h, 1)
 	kept, keptVA := p.pvTable(t, 8000) // built before the moves, used after
@@ -585,15 +610,8 @@ func TestMovePVHostileVM(t *testing.T) {
 	t.Logf("%d doorbells, %d refused maps, %d tables churned during the moves", rung.Load(), refused.Load(), churned.Load())
 	// Its own VRAM moved with it, through its driver's tables and the one
 	// it built itself before the moves.
-	for _, from := range []uint64{h.ownVA, keptVA} {
-		fillSink(h)
-		if err := h.gpuCopy(h.sinkVA, from); err != nil {
-			t.Fatalf("copy from its own VRAM at %#x after the moves: %v (device: %v)", from, err, h.dev.Err())
-		}
-		if !bytes.Equal(h.sink.Bytes, want) {
-			t.Fatalf("its own VRAM read through %#x did not move with it", from)
-		}
-	}
+	s.ownCameAlong(t, h.ownVA)
+	s.ownCameAlong(t, keptVA)
 	for _, o := range outside {
 		if err := h.vm.MapVRAM(va, o, pageSize); !errors.Is(err, hypercall.ErrFault) {
 			t.Fatalf("map of %#x outside its slice after the moves: %v, want ErrFault", o, err)
@@ -602,7 +620,5 @@ func TestMovePVHostileVM(t *testing.T) {
 	if c := hv.Counters(); c.Moves != 4 {
 		t.Fatalf("%d moves counted, want 4", c.Moves)
 	}
-	honest.verified(t)
-	a.checkCanary(t, canaryA)
-	b.checkCanary(t, canaryB)
+	s.innocent(t)
 }

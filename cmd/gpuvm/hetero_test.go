@@ -2,18 +2,13 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"strings"
 	"testing"
 )
 
 // TestBenchHeteroUsage: every bad flag of gpuvm bench hetero is a usage
 // error naming the flag, before any VM starts.
 func TestBenchHeteroUsage(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	expectUsageErrors(t, []string{"bench", "hetero"}, []usageCase{
 		{[]string{"--duration", "500ms"}, "--duration 500ms: want at least 1s"},
 		{[]string{"--vms", "9"}, "--vms 9: want 1..8"},
 		{[]string{"--modes", "pvdrm"}, "--modes \"pvdrm\""},
@@ -22,13 +17,7 @@ func TestBenchHeteroUsage(t *testing.T) {
 		{[]string{"--slow", "fermi-x2"}, "--slow: sim: unknown timing profile \"fermi-x2\""},
 		{[]string{"--copy-size", "64MiB"}, "--copy-size 64MiB"},
 		{[]string{"--balance-threshold", "1"}, "--balance-threshold 1: want between 0 and 1"},
-	} {
-		_, _, err := runApp(t, append([]string{"bench", "hetero"}, tc.args...)...)
-		var ee *exitError
-		if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("bench hetero %v: %v, want a usage error with %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }
 
 // TestBenchHeteroJSON: gpuvm bench hetero end to end at small sizes, the

@@ -3,17 +3,34 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
 
+// usageCase is a command line and the text its usage error must contain.
+type usageCase struct {
+	args []string
+	want string
+}
+
+// expectUsageErrors runs cmd with each case's arguments and expects a
+// usage error (exit 2) naming what was wrong.
+func expectUsageErrors(t *testing.T, cmd []string, cases []usageCase) {
+	t.Helper()
+	for _, tc := range cases {
+		_, _, err := runApp(t, append(slices.Clone(cmd), tc.args...)...)
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v: %v, want a usage error with %q", strings.Join(cmd, " "), tc.args, err, tc.want)
+		}
+	}
+}
+
 // TestBenchMobilityUsage: every bad flag of gpuvm bench mobility is a usage
 // error naming the flag, before any VM starts.
 func TestBenchMobilityUsage(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	expectUsageErrors(t, []string{"bench", "mobility"}, []usageCase{
 		{[]string{"--duration", "500ms"}, "--duration 500ms: want at least 1s"},
 		{[]string{"--moves", "0"}, "--moves 0: want 1..1000"},
 		{[]string{"--modes", "pvdrm"}, "--modes \"pvdrm\""},
@@ -21,13 +38,7 @@ func TestBenchMobilityUsage(t *testing.T) {
 		{[]string{"--overcommit", "5"}, "--overcommit 5: want 1..4"},
 		{[]string{"--copy-size", "64MiB"}, "--copy-size 64MiB"},
 		{[]string{"--evict-idle", "0s"}, "--evict-idle 0s"},
-	} {
-		_, _, err := runApp(t, append([]string{"bench", "mobility"}, tc.args...)...)
-		var ee *exitError
-		if !errors.As(err, &ee) || ee.code != exitUsage || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("bench mobility %v: %v, want a usage error with %q", tc.args, err, tc.want)
-		}
-	}
+	})
 }
 
 // TestBenchMobilityJSON: gpuvm bench mobility end to end at small sizes:
