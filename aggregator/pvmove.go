@@ -57,7 +57,7 @@ func (v *VGPU) importPV(img *pvImage) error {
 	}
 	for i, b := range v.bars {
 		b.sp.SetPV()
-		if img == nil || !mapsAnything(img.bars[i]) {
+		if img == nil || presentEntries(img.bars[i]) == 0 {
 			continue
 		}
 		if _, err := b.sp.PVSet(0, img.bars[i]); err != nil {
@@ -70,9 +70,6 @@ func (v *VGPU) importPV(img *pvImage) error {
 	}
 	return errors.Join(errs...)
 }
-
-// mapsAnything reports whether any entry is present.
-func mapsAnything(ptes []uint64) bool { return presentEntries(ptes) > 0 }
 
 // scrub zeroes the image's entries (they say where the guest's buffers
 // are).

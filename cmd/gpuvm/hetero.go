@@ -127,18 +127,7 @@ func runHeteroBench(c *cli.Context) error {
 	if err != nil {
 		return &exitError{code: exitFailure, err: err}
 	}
-	if c.Bool("json") {
-		err = bench.WriteJSONValue(c.App.Writer, rep)
-	} else {
-		err = writeHeteroTables(c.App.Writer, rep)
-	}
-	if err != nil {
-		return err
-	}
-	if !rep.OK() {
-		return &exitError{code: exitFailure, err: fmt.Errorf("bench hetero: %d problems: %s", len(rep.Problems), strings.Join(rep.Problems, "; "))}
-	}
-	return nil
+	return writeBenchReport(c, "bench hetero", rep, func(w io.Writer) error { return writeHeteroTables(w, rep) }, rep.OK(), rep.Problems)
 }
 
 // countOn is "fast 2, slow 2".

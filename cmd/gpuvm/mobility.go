@@ -186,16 +186,23 @@ func runMobilityBench(c *cli.Context) error {
 		}
 		fmt.Fprintf(c.App.ErrWriter, "mobility: chart written to %s\n", dir)
 	}
+	return writeBenchReport(c, "bench mobility", rep, func(w io.Writer) error { return writeMobilityTables(w, rep) }, rep.OK(), rep.Problems)
+}
+
+// writeBenchReport prints a bench's report as JSON (--json) or as its
+// tables, then fails with exit status 1 naming the problems unless ok.
+func writeBenchReport(c *cli.Context, name string, rep any, tables func(io.Writer) error, ok bool, problems []string) error {
+	var err error
 	if c.Bool("json") {
 		err = bench.WriteJSONValue(c.App.Writer, rep)
 	} else {
-		err = writeMobilityTables(c.App.Writer, rep)
+		err = tables(c.App.Writer)
 	}
 	if err != nil {
 		return err
 	}
-	if !rep.OK() {
-		return &exitError{code: exitFailure, err: fmt.Errorf("bench mobility: %d problems: %s", len(rep.Problems), strings.Join(rep.Problems, "; "))}
+	if !ok {
+		return &exitError{code: exitFailure, err: fmt.Errorf("%s: %d problems: %s", name, len(problems), strings.Join(problems, "; "))}
 	}
 	return nil
 }
