@@ -289,19 +289,50 @@ func (d *Device) aperture(bar int) bool {
 	return (bar == nvc0.BAR1 || bar == nvc0.BAR3) && d.remapOn.Load()
 }
 
+// passRead reads a passed-through aperture word, if the access may be
+// passed through. The bus cost is taken under remapMu with the table it
+// belongs to: a rebind rewrites it.
+func (d *Device) passRead(bar int, off uint64) (uint32, bool) {
+	if !d.aperture(bar) {
+		return 0, false
+	}
+	d.remapMu.RLock()
+	p := d.remapped(bar, off)
+	if p == nil {
+		d.remapMu.RUnlock()
+		return 0, false
+	}
+	// The bus cost, as the native driver's port pays it (buspipe).
+	now, cost := d.bus.Now(), d.busRead
+	v := atomic.LoadUint32(p)
+	d.remapMu.RUnlock()
+	d.bus.Read(now, int64(cost))
+	return v, true
+}
+
+// passWrite writes a passed-through aperture word, if the access may be
+// passed through.
+func (d *Device) passWrite(bar int, off uint64, v uint32) bool {
+	if !d.aperture(bar) {
+		return false
+	}
+	d.remapMu.RLock()
+	p := d.remapped(bar, off)
+	if p == nil {
+		d.remapMu.RUnlock()
+		return false
+	}
+	now, cost := d.bus.Now(), d.busWrite
+	atomic.StoreUint32(p, v)
+	d.remapMu.RUnlock()
+	d.bus.Write(now, int64(cost))
+	return true
+}
+
 // Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
 func (d *Device) Read32(bar int, off uint64) uint32 {
-	if d.aperture(bar) {
-		d.remapMu.RLock()
-		if p := d.remapped(bar, off); p != nil {
-			// The bus cost, as the native driver's port pays it (buspipe).
-			now := d.bus.Now()
-			v := atomic.LoadUint32(p)
-			d.remapMu.RUnlock()
-			d.bus.Read(now, int64(d.busRead))
-			return v
-		}
-		d.remapMu.RUnlock()
+	if v, ok := d.passRead(bar, off); ok {
+		return v
 	}
 	spin.For(d.trapCost)
 	v, err := d.client.Read32(bar, off)
@@ -313,16 +344,8 @@ func (d *Device) Read32(bar int, off uint64) uint32 {
 
 // Write32 is a guest write of a BAR (gpu.MMIO).
 func (d *Device) Write32(bar int, off uint64, v uint32) {
-	if d.aperture(bar) {
-		d.remapMu.RLock()
-		if p := d.remapped(bar, off); p != nil {
-			now := d.bus.Now()
-			atomic.StoreUint32(p, v)
-			d.remapMu.RUnlock()
-			d.bus.Write(now, int64(d.busWrite))
-			return
-		}
-		d.remapMu.RUnlock()
+	if d.passWrite(bar, off, v) {
+		return
 	}
 	spin.For(d.trapCost)
 	if d.posted {
