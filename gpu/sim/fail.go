@@ -1,6 +1,10 @@
 package sim
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+)
 
 // ErrBusLost is what host-side VRAM access returns once the board fell off
 // the bus (FailBus).
@@ -35,3 +39,54 @@ func (b *Board) FailBus() {
 
 // BusLost reports whether FailBus was called.
 func (b *Board) BusLost() bool { return b.busLost.Load() }
+
+// ErrBusAnswers is what RepairBus returns for a board that never fell off
+// the bus.
+var ErrBusAnswers = errors.New("sim: the board is on the bus")
+
+// RepairBus puts a board that fell off the bus back on it, as a reseated or
+// power-cycled GPU comes back: every register at its power-on value (PMC
+// engines off, BAR1 and BAR3 in direct mode, no poll area, no playlist,
+// every channel's instance and control words zero, FECS idle, no error
+// report latched), every TLB empty. VRAM is not cleared: DRAM across a
+// power cycle holds undefined contents, and the sim keeps the stale ones —
+// the hardest case for a driver, which must scrub what it hands out. It
+// waits for the runs FailBus abandoned to end first. Counters and PTIMER
+// go on.
+func (b *Board) RepairBus() error {
+	b.life.Lock() // no external operation is under way while the board comes back
+	defer b.life.Unlock()
+	if b.closed {
+		return errClosed
+	}
+	if !b.busLost.Load() {
+		return ErrBusAnswers
+	}
+	for _, c := range b.chans {
+		c.mu.Lock()
+		for c.running {
+			c.done.Wait() // an abandoned run sees busLost and returns
+		}
+		c.inst, c.ctl, c.gpGet = 0, 0, 0
+		c.inList, c.stopped, c.preempting, c.pending = false, false, false, false
+		c.epoch++ // a fresh channel: no method state survives
+		c.gen++
+		c.mu.Unlock()
+	}
+	r := &b.r
+	for _, a := range []interface{ Store(uint32) }{&r.pmcEnable, &r.praminWindow, &r.bar1Inst, &r.bar3Inst,
+		&r.pollArea, &r.playlistAddr, &r.playlistSub, &r.preempt, &r.flushPD, &r.tlbTrigger, &r.mmuStatus,
+		&r.sysmemFlush, &r.gpcMMUDebug[0], &r.gpcMMUDebug[1]} {
+		a.Store(0)
+	}
+	r.bar1VM.Store(nil)
+	r.bar3VM.Store(nil)
+	r.fecs.mu.Lock()
+	r.fecs.data, r.fecs.cmd, r.fecs.status, r.fecs.reglist, r.fecs.chanNext = 0, 0, 0, 0, 0
+	r.fecs.rec = FECSRecord{}
+	r.fecs.mu.Unlock()
+	b.intr.Clear()
+	b.mmu.flush(0, nvc0.TLBFlushAllPDB)
+	b.busLost.Store(false)
+	return nil
+}
