@@ -33,6 +33,9 @@ func (v *VGPU) Read32(bar int, off uint64) (uint32, error) {
 		return 0, err
 	}
 	if err := v.lockResident(); err != nil {
+		if errors.Is(err, ErrDeviceLost) {
+			return 0xFFFFFFFF, nil // an absent device's read (lost.go)
+		}
 		return 0, err
 	}
 	defer v.mu.Unlock()
@@ -57,6 +60,9 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 		return err
 	}
 	if err := v.lockResident(); err != nil {
+		if errors.Is(err, ErrDeviceLost) {
+			return nil // dropped, as by an absent device (lost.go)
+		}
 		return err
 	}
 	defer v.mu.Unlock()

@@ -186,8 +186,9 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	if opts.HealthInterval == 0 {
 		opts.HealthInterval = DefaultHealthInterval
 	}
+	boot0 := g.Read32(nvc0.BAR0, nvc0.RegBoot0)
+	a.health.boot0 = boot0 // the identity Reinit looks for
 	if opts.HealthInterval > 0 {
-		boot0 := g.Read32(nvc0.BAR0, nvc0.RegBoot0)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

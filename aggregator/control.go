@@ -33,6 +33,9 @@ type VGPUInfo struct {
 	// Evicted: the vGPU is parked (evict.go) — it holds no slot (Slot is
 	// -1) and VRAMInUse is its image.
 	Evicted bool `json:"evicted,omitempty"`
+	// Lost says why the vGPU is a lost device (lost.go): its board fell
+	// off the bus while it was resident; a reset brings it back.
+	Lost string `json:"lost,omitempty"`
 }
 
 // Info describes a vGPU.
@@ -42,10 +45,12 @@ func (v *VGPU) Info() VGPUInfo {
 
 func (v *VGPU) info(s SchedStats) VGPUInfo {
 	a, slot := v.where()
-	return VGPUInfo{ID: v.ID, Board: a.opts.Board, BoardName: a.opts.BoardName, Slot: slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
+	info := VGPUInfo{ID: v.ID, Board: a.opts.Board, BoardName: a.opts.BoardName, Slot: slot.Index, DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, PID: v.Guest.PID,
 		VRAMBase: slot.VRAM.Base, VRAMBytes: slot.VRAM.Size, ChanBase: slot.ChanBase, Channels: slot.Chans,
 		BAR1Bytes: slot.BAR1.Size, BAR3Bytes: slot.BAR3.Size, Profile: v.profile,
 		Counters: Report(v.Counters().Map()), Sched: s, VRAMInUse: v.VRAMInUse(), Evicted: v.Evicted()}
+	_, info.Lost = v.Lost()
+	return info
 }
 
 // Profile names the vGPU profile that sized v ("": none).

@@ -251,6 +251,15 @@ func (v *VGPU) ensureResident() error {
 		return nil
 	}
 	a, _ := v.where()
+	if ok, _ := v.Lost(); ok {
+		return fmt.Errorf("restore vGPU %d: %w", v.ID, ErrDeviceLost)
+	}
+	if lost, why := a.Lost(); lost {
+		// Parked on a board that fell off the bus since, and no other
+		// board took it then (health.go): it reads as absent until a
+		// reset finds it one, or the board is reinitialised.
+		return fmt.Errorf("restore vGPU %d: board %s lost (%s): %w", v.ID, a.opts.BoardName, why, ErrDeviceLost)
+	}
 	t0 := time.Now()
 	to, err := a.roomFor(context.Background(), v, v.homeSlot)
 	v.ctr.restoreWaitNs.Add(uint64(time.Since(t0)))

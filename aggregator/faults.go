@@ -62,6 +62,16 @@ func newPhysFaults(g HostGPU, log *slog.Logger) *physFaults {
 		inst: map[int]uint64{}, bars: [2]map[*VGPU]barRoute{{}, {}}, hadError: map[int]bool{}}
 }
 
+// reset drops every route: the board came back from power-on (Reinit), its
+// channels name nothing of before. The totals stay.
+func (f *physFaults) reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.byInst, f.byPhys, f.inst = map[uint64]faultRoute{}, map[int]faultRoute{}, map[int]uint64{}
+	f.bars = [2]map[*VGPU]barRoute{{}, {}}
+	f.hadError = map[int]bool{}
+}
+
 // bind routes physical channel p, running on the shadow RAMIN shadow, to
 // guest channel ch of v (whose instance word is guestInst).
 func (f *physFaults) bind(p int, shadow uint64, v *VGPU, ch int, guestInst uint32) {

@@ -89,6 +89,9 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 	if lost, why := dst.Lost(); lost {
 		return st, fmt.Errorf("move vGPU %d to board %s: %w: %s", v.ID, dst.opts.BoardName, ErrBoardLost, why)
 	}
+	if lost, _ := v.Lost(); lost {
+		return st, fmt.Errorf("move vGPU %d: %w", v.ID, ErrDeviceLost)
+	}
 	to, err := dst.holdSlot(v)
 	if err != nil {
 		return st, fmt.Errorf("move vGPU %d to board %s: %w", v.ID, dst.opts.BoardName, err)

@@ -49,19 +49,27 @@ type physical struct {
 
 func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) {
 	p := &physical{gpu: g, layout: l, timeout: timeout, reserve: rangealloc.New(l.Reserved.Base, l.Reserved.Size), active: map[int]bool{}}
+	return p, p.program()
+}
+
+// program brings up the aggregator's own structures on a board fresh from
+// power-on, with p's reserve empty: the reserve scrubbed, the BAR1 and BAR3
+// tables and the playlists allocated, the registers that name them set.
+func (p *physical) program() error {
+	g, l := p.gpu, p.layout
 	if err := g.ScrubVRAM(l.Reserved.Base, l.Reserved.Size); err != nil {
-		return nil, fmt.Errorf("scrub reserved VRAM: %w", err)
+		return fmt.Errorf("scrub reserved VRAM: %w", err)
 	}
 	var err error
 	if p.bar3, err = p.newBAR(nvc0.BAR3Size); err != nil {
-		return nil, fmt.Errorf("BAR3: %w", err)
+		return fmt.Errorf("BAR3: %w", err)
 	}
 	if p.bar1, err = p.newBAR(nvc0.BAR1Size); err != nil {
-		return nil, fmt.Errorf("BAR1: %w", err)
+		return fmt.Errorf("BAR1: %w", err)
 	}
 	for i := range p.playlist {
 		if p.playlist[i], err = p.alloc(nvc0.PageSize); err != nil {
-			return nil, fmt.Errorf("playlist: %w", err)
+			return fmt.Errorf("playlist: %w", err)
 		}
 	}
 	g.Write32(nvc0.BAR0, nvc0.RegPMCEnable, nvc0.PMCEnableAll)
@@ -69,12 +77,26 @@ func newPhysical(g HostGPU, l Layout, timeout time.Duration) (*physical, error) 
 	g.Write32(nvc0.BAR0, nvc0.RegBAR1Inst, nvc0.InstEncode(p.bar1.ramin, nvc0.BARInstModeVM))
 	g.Write32(nvc0.BAR0, nvc0.RegPollArea, nvc0.PollAreaEnable|uint32(l.PollArea.Base>>nvc0.PageShift))
 	if err := p.flush(p.bar3.pd, true); err != nil {
-		return nil, err
+		return err
 	}
-	if err := p.flush(p.bar1.pd, true); err != nil {
-		return nil, err
+	return p.flush(p.bar1.pd, true)
+}
+
+// reinit brings p up again on its board back from falling off the bus
+// (health.go): whatever p's reserve held went with the board, so it starts
+// empty; no channel is on the playlist. Nothing else may use p meanwhile
+// (the board is lost until it returns: no vGPU is resident).
+func (p *physical) reinit() error {
+	p.mu.Lock()
+	p.reserve = rangealloc.New(p.layout.Reserved.Base, p.layout.Reserved.Size)
+	p.active, p.plCur = map[int]bool{}, 0
+	p.mu.Unlock()
+	p.lost.Store(false)
+	if err := p.program(); err != nil {
+		p.lost.Store(true)
+		return err
 	}
-	return p, nil
+	return nil
 }
 
 // alloc takes zeroed, page-aligned reserved VRAM (the reserve was scrubbed at

@@ -49,6 +49,9 @@ func (a *Aggregator) Reset(v *VGPU, reason string) error {
 	if v.feat.PVDRM {
 		return fmt.Errorf("reset vGPU %d: mode %s: %w", v.ID, v.Guest.Mode, ErrResetUnsupported)
 	}
+	if err := v.recoverLost(); err != nil { // a lost device comes back (lost.go)
+		return fmt.Errorf("reset vGPU %d: %w", v.ID, err)
+	}
 	if err := v.lockResident(); err != nil { // a parked vGPU is reset in a slot
 		return fmt.Errorf("reset vGPU %d: %w", v.ID, err)
 	}

@@ -80,6 +80,11 @@ type VGPU struct {
 	active        atomic.Int64
 	residentSince atomic.Int64
 	restoreMu     sync.Mutex
+	// lostWhy is why the vGPU is a lost device (lost.go): its board fell
+	// off the bus while it was resident. nil: it is not.
+	lostWhy atomic.Pointer[string]
+	// rehomeAt is when it last asked for another board (Unix ns).
+	rehomeAt atomic.Int64
 
 	// irq raises the VM's virtual interrupt (irq.go).
 	irq vgpuIRQ

@@ -156,6 +156,9 @@ func (d *Device) NewChannel(vm *VM) (c *Channel, err error) {
 	inst := nvc0.InstEncode(c.ramin.addr, nvc0.ChanInstValid|nvc0.ChanInstPollEnable)
 	d.wr(nvc0.ChanInst(id), inst)
 	if got := d.rd(nvc0.ChanInst(id)); got != inst {
+		if got == nvc0.ReadAllOnes && d.rd(nvc0.RegBoot0) == nvc0.ReadAllOnes {
+			return c, fmt.Errorf("channel %d: %w", id, ErrDeviceGone)
+		}
 		// A virtual GPU refuses channels beyond the VM's quota.
 		return c, fmt.Errorf("the GPU refused the channel (instance reads %#x): %w", got, ErrNoChannel)
 	}
