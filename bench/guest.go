@@ -56,8 +56,16 @@ func RunGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int
 		// read-back through BAR1 after its last fence reads the fresh
 		// GPU's memory and fails verification, a FECS command begun
 		// before the reset times out — so any failed run is made again if
-		// the GPU reads as reset.
+		// the GPU reads as reset. A device that reads as gone (its
+		// board fell off the bus: a lost device) is reset by the guest
+		// itself, with a function-level reset, as an OS's PCIe error
+		// recovery resets a function that dropped off the link: the
+		// vGPU comes back on its board, once that is back, or on
+		// another board, if the host has one with room.
 		opts.Recover = func(err error) bool {
+			if errors.Is(err, nouveau.ErrDeviceGone) {
+				return drv.FunctionReset() == nil
+			}
 			if !errors.Is(err, nouveau.ErrDeviceReset) && !drv.ResetDetected() {
 				return false
 			}

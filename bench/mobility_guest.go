@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
@@ -83,7 +84,8 @@ func RunMobilityGuest(ctx context.Context, cfg devmodel.Config, params workloads
 		// also when the run failed otherwise on a GPU that reads as reset:
 		// a wait the driver began before the reset (a FECS command of a
 		// new context) times out rather than failing with ErrDeviceReset.
-		// A device that is gone is not recovered from.
+		// A device that is gone (a lost device) is not recovered from:
+		// this bench reports it.
 		if dev.Err() != nil {
 			return false
 		}
@@ -110,8 +112,14 @@ func RunMobilityGuest(ctx context.Context, cfg devmodel.Config, params workloads
 			t0 := time.Now()
 			r := RunWorkloadWith(ctx, cfg.Mode, gdev.Nouveau(drv), w, 1, nil, nil, opts)
 			if r.Error != "" {
+				// A lost device (its board fell off the bus) reads all
+				// ones; this guest reports it rather than resetting it.
 				if derr := dev.Err(); derr != nil {
 					g.Lost = fmt.Sprintf("%s: %s (device: %v)", w.Name(), r.Error, derr)
+					return g, nil
+				}
+				if dev.Read32(nvc0.BAR0, nvc0.RegBoot0) == nvc0.ReadAllOnes {
+					g.Lost = fmt.Sprintf("%s: %s (device: reads all ones, a lost device)", w.Name(), r.Error)
 					return g, nil
 				}
 			}

@@ -83,6 +83,8 @@ func (h *Host) SetState(name string, s State) error {
 //	POST   /v1/boards/{name}/uncordon   put it back
 //	POST   /v1/boards/{name}/drain      cordon it and move every vGPU that can move to the other boards
 //	POST   /v1/boards/{name}/fail       make it fall off the bus (with Options.FaultInjection only)
+//	POST   /v1/boards/{name}/repair     put it back on the bus (with Options.FaultInjection only)
+//	POST   /v1/boards/{name}/reinit     bring a failed board that answers again back into service
 //	GET    /v1/placements               the latest placement decisions and moves, and why
 //	GET    /v1/balance                  the load balancer: settings, moves, holds, its latest looks
 //	GET    /v1/layout                   the layout, on a host of one board
@@ -148,6 +150,8 @@ func (h *Host) ControlHandler() http.Handler {
 			writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "fell off the bus"})
 		}
 	})
+	mux.HandleFunc("POST /v1/boards/{name}/repair", h.serveRepair)
+	mux.HandleFunc("POST /v1/boards/{name}/reinit", h.serveReinit)
 	mux.HandleFunc("GET /v1/placements", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, h.Decisions())
 	})

@@ -34,6 +34,9 @@ type Board struct {
 	// FailBus injects the board's falling off the bus (the simulated
 	// board's fault injection; nil: the board has none).
 	FailBus func()
+	// RepairBus puts it back on the bus after FailBus (the simulated
+	// board's RepairBus; nil: the board has none).
+	RepairBus func() error
 
 	// state is whether placement may choose it (under Host.mu).
 	state State

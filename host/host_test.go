@@ -46,7 +46,7 @@ func newTestHostWith(t *testing.T, opts Options, modify func(i int, o *aggregato
 		if err != nil {
 			t.Fatal(err)
 		}
-		boards = append(boards, &Board{Index: i, Name: name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
+		boards = append(boards, &Board{Index: i, Name: name, Agg: agg, Release: board.Close, FailBus: board.FailBus, RepairBus: board.RepairBus})
 	}
 	h, err := New(reg, boards, opts)
 	if err != nil {
@@ -273,7 +273,7 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func TestFailedBoardLeavesPlacement(t *testing.T) {
 	h := newTestHost(t, Options{FaultInjection: true}, 2, 2)
-	_, _, _ = attach(t, h, 1, "on-fast")
+	_, onFast, _ := attach(t, h, 1, "on-fast")
 	srv := httptest.NewServer(h.ControlHandler())
 	defer srv.Close()
 	resp, err := http.Post(srv.URL+"/v1/boards/fast/fail", "", nil)
@@ -285,7 +285,7 @@ func TestFailedBoardLeavesPlacement(t *testing.T) {
 		t.Fatalf("fail fast: %s", resp.Status)
 	}
 	deadline := time.Now().Add(time.Minute) // a hang guard
-	for lost, _ := h.Board("fast").Agg.Lost(); !lost || len(h.Board("fast").Agg.VGPUs()) != 0; lost, _ = h.Board("fast").Agg.Lost() {
+	for lost, _ := onFast.Lost(); !lost; lost, _ = onFast.Lost() {
 		if time.Now().After(deadline) {
 			t.Fatal("the failed board was never found lost")
 		}

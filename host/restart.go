@@ -23,12 +23,15 @@ func (h *Host) rehomer(lost *Board) func(*aggregator.VGPU) *aggregator.Aggregato
 		d.Time, d.Kind, d.DomID, d.Name = time.Now(), KindRestart, v.Guest.DomID, v.Guest.Name
 		if to == nil {
 			d.Board = ""
-			d.Reason = fmt.Sprintf("parked vGPU %d of lost board %s not restarted: %s", v.ID, lost.Name, d.Reason)
+			d.Reason = fmt.Sprintf("vGPU %d of lost board %s not restarted: %s", v.ID, lost.Name, d.Reason)
 			h.record(d)
 			return nil
 		}
 		d.Board = to.Name
 		d.Reason = fmt.Sprintf("parked vGPU %d of lost board %s restarts from its eviction image: %s", v.ID, lost.Name, d.Reason)
+		if isLost, _ := v.Lost(); isLost {
+			d.Reason = fmt.Sprintf("lost vGPU %d of board %s is reset here: %s", v.ID, lost.Name, d.Reason)
+		}
 		h.record(d)
 		return to.Agg
 	}

@@ -13,7 +13,8 @@ import (
 // TestLostBoardRestartsParkedVGPUElsewhere: board fast (one slot, 2×
 // overcommit) holds a resident vGPU and a parked one when it fails. The
 // host hands the parked one to slow (a restart decision, with its reason)
-// and its next access restores it there; the resident one is lost.
+// and its next access restores it there; the resident one is a lost
+// device, parked on fast.
 func TestLostBoardRestartsParkedVGPUElsewhere(t *testing.T) {
 	h := newTestHostWith(t, Options{Placement: PlacePack, FaultInjection: true}, func(i int, o *aggregator.Options) {
 		if i == 0 {
@@ -34,17 +35,17 @@ func TestLostBoardRestartsParkedVGPUElsewhere(t *testing.T) {
 	}
 	fast.FailBus()
 	deadline := time.Now().Add(time.Minute) // a hang guard
-	for len(fast.Agg.VGPUs()) != 0 {
+	for lost, _ := resident.Lost(); !lost || len(fast.Agg.VGPUs()) != 1; lost, _ = resident.Lost() {
 		if time.Now().After(deadline) {
-			t.Fatal("the lost board kept its vGPUs")
+			t.Fatal("the lost board's vGPUs were never taken off it")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if b, v := h.Lookup(parked.ID); b != slow || v != parked || !parked.Evicted() {
 		t.Fatalf("the parked vGPU is on %v (evicted %v), want parked on slow", b, parked.Evicted())
 	}
-	if b, _ := h.Lookup(resident.ID); b != nil {
-		t.Fatalf("the resident vGPU of the lost board is still on %s", b.Name)
+	if b, _ := h.Lookup(resident.ID); b != fast || !resident.Evicted() {
+		t.Fatalf("the resident vGPU of the lost board is on %v (parked %v), want a lost device parked on fast", b, resident.Evicted())
 	}
 	var restart *Decision
 	for _, d := range h.Decisions() {

@@ -154,8 +154,12 @@ func boardCommand() *cli.Command {
 					}
 					return nil
 				}},
-			{Name: "fail", Usage: "make a simulated board fall off the bus (needs gpuvm serve --fault-injection): its vGPUs are lost, the others carry on",
+			{Name: "fail", Usage: "make a simulated board fall off the bus (needs gpuvm serve --fault-injection): its vGPUs are lost devices, the others carry on",
 				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("fail")},
+			{Name: "repair", Usage: "put a simulated board that fell off the bus back on it, power-cycled (needs gpuvm serve --fault-injection); then gpuvm board reinit",
+				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("repair")},
+			{Name: "reinit", Usage: "bring a failed board that answers again back into service: its slots renewed, placement back on; its lost vGPUs come back with a reset (gpuvm vgpu reset ID, or the guest's FLR)",
+				ArgsUsage: "NAME", Flags: []cli.Flag{ctl}, Action: named("reinit")},
 			{Name: "placements", Usage: "the latest placement decisions and moves (kind place, move or balance), each with every board's figures and the reason (JSON)", Flags: []cli.Flag{ctl},
 				Action: func(c *cli.Context) error {
 					body, err := controlDo(c, http.MethodGet, "/v1/placements")

@@ -125,4 +125,10 @@ board = "small"
 	if _, _, err := runApp(t, "board", "fail", "small", "--control-socket", ctl); err == nil || !strings.Contains(err.Error(), "fault injection is off") {
 		t.Fatalf("board fail without --fault-injection: %v", err)
 	}
+	if _, _, err := runApp(t, "board", "repair", "small", "--control-socket", ctl); err == nil || !strings.Contains(err.Error(), "fault injection is off") {
+		t.Fatalf("board repair without --fault-injection: %v", err)
+	}
+	if _, _, err := runApp(t, "board", "reinit", "small", "--control-socket", ctl); err == nil || !strings.Contains(err.Error(), "not lost") {
+		t.Fatalf("board reinit of a board that answers: %v", err)
+	}
 }

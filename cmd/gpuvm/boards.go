@@ -76,7 +76,7 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 			return nil, err
 		}
 		closers = closers[:len(closers)-1] // the host closes it, after its aggregator
-		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus})
+		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus, RepairBus: board.RepairBus})
 	}
 	d := cfg.Daemon
 	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: d.Placement,

@@ -39,7 +39,7 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "metrics-listen", Usage: "override metrics.listen: serve Prometheus metrics on a Unix socket (an absolute path) or TCP host:port; \"\" turns them off"},
 			&cli.BoolFlag{Name: "xen", Usage: "serve guests of real Xen (run in dom0): device models may offer their domain's own RAM, which the daemon maps through /dev/xen/privcmd (gpuvm xl create starts such device models)"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd is, with --xen"},
-			&cli.BoolFlag{Name: "fault-injection", Usage: "let `gpuvm board fail NAME` make a simulated board fall off the bus (for tests of a lost GPU; never in production)"},
+			&cli.BoolFlag{Name: "fault-injection", Usage: "let `gpuvm board fail NAME` make a simulated board fall off the bus, and `gpuvm board repair NAME` put it back (for tests of a lost GPU; never in production)"},
 			&cli.IntFlag{Name: "ipc-spin", Usage: "polls of an empty request ring before sleeping, 0 never (default: 20000, or never with --xen, where a spinning dom0 vCPU holds the CPU a trapped guest waits for)"},
 		},
 		Action: runServe,

@@ -45,9 +45,9 @@ type daemon struct {
 
 // startDaemon starts `gpuvm serve --config conf` and waits until its
 // control socket answers (or it exits).
-func startDaemon(t *testing.T, conf, ctl string) *daemon {
+func startDaemon(t *testing.T, conf, ctl string, flags ...string) *daemon {
 	t.Helper()
-	d := &daemon{cmd: selfCommand(context.Background(), []string{"serve", "--config", conf}), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{cmd: selfCommand(context.Background(), append([]string{"serve", "--config", conf}, flags...)), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
