@@ -108,6 +108,9 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 	if err := canMove(a, a); err != nil {
 		return st, fmt.Errorf("evict vGPU %d: %w", v.ID, err)
 	}
+	if lost, why := a.Lost(); lost && !v.Evicted() {
+		return st, fmt.Errorf("evict vGPU %d: %w: %s", v.ID, ErrBoardLost, why)
+	}
 	// Its device model lets go of the slice before it is copied out; the
 	// restore hands it the new one (remap_rebind.go). An eviction that
 	// does not happen gives it back.
@@ -140,6 +143,12 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 	if v.wedged > 0 {
 		v.mu.Unlock()
 		return st, fmt.Errorf("evict vGPU %d: it has a channel out of service: %w", v.ID, ErrMoveUnsupported)
+	}
+	if lost, why := a.Lost(); lost {
+		// Its state cannot be saved from the dead board: it becomes a
+		// lost device (lost.go), not a failed eviction that destroys it.
+		v.mu.Unlock()
+		return st, fmt.Errorf("evict vGPU %d: %w: %s", v.ID, ErrBoardLost, why)
 	}
 	if err := a.disp.quiesce(ctx, v); err != nil {
 		v.mu.Unlock()

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -194,4 +195,30 @@ func TestLostDeviceResetElsewhere(t *testing.T) {
 	if n := len(a.VGPUs()); n != 0 {
 		t.Errorf("the lost board still lists %d vGPUs", n)
 	}
+}
+
+// TestNoMoveOrEvictOffALostBoard: between the loss of a board and the
+// moment its vGPUs become lost devices, a move or an eviction (the
+// balancer's, the idle evictor's) must not try to save the vGPU from the
+// dead board — that would fail and destroy it: it is refused with
+// ErrBoardLost and the vGPU is left for loseBoard. The window is made
+// here by marking the board lost without taking its vGPUs off.
+func TestNoMoveOrEvictOffALostBoard(t *testing.T) {
+	reg := NewRegistry()
+	a, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, BoardName: "a", HealthInterval: -1})
+	b, _ := newTestAggregatorWith(t, Options{MaxVMs: 2, Registry: reg, Board: 1, BoardName: "b"})
+	g := startGuest(t, a, "vm", "fv-optimized")
+	runAllWorkloads(t, g, "fv-optimized")
+	a.health.lost.Store(true)
+	if _, err := Move(context.Background(), g.v, b); !errors.Is(err, ErrBoardLost) {
+		t.Errorf("move off a lost board: %v, want ErrBoardLost", err)
+	}
+	if _, err := a.Evict(context.Background(), g.v, "test"); !errors.Is(err, ErrBoardLost) {
+		t.Errorf("eviction on a lost board: %v, want ErrBoardLost", err)
+	}
+	if g.v.detached() || g.v.Evicted() {
+		t.Fatalf("the vGPU was destroyed (%v) or parked (%v)", g.v.detached(), g.v.Evicted())
+	}
+	a.health.lost.Store(false) // the window closes with nothing changed
+	runAllWorkloads(t, g, "fv-optimized")
 }

@@ -92,6 +92,9 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 	if lost, _ := v.Lost(); lost {
 		return st, fmt.Errorf("move vGPU %d: %w", v.ID, ErrDeviceLost)
 	}
+	if lost, why := src.Lost(); lost && !v.Evicted() {
+		return st, fmt.Errorf("move vGPU %d off board %s: %w: %s", v.ID, src.opts.BoardName, ErrBoardLost, why)
+	}
 	to, err := dst.holdSlot(v)
 	if err != nil {
 		return st, fmt.Errorf("move vGPU %d to board %s: %w", v.ID, dst.opts.BoardName, err)
@@ -141,6 +144,13 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 		v.mu.Unlock()
 		dst.freeHeld(to.Index)
 		return st, fmt.Errorf("move vGPU %d: it has a channel out of service: %w", v.ID, ErrMoveUnsupported)
+	}
+	if lost, why := src.Lost(); lost {
+		// Nothing of it can be saved from the dead board: it becomes a
+		// lost device (lost.go), not a failed move that destroys it.
+		v.mu.Unlock()
+		dst.freeHeld(to.Index)
+		return st, fmt.Errorf("move vGPU %d off board %s: %w: %s", v.ID, src.opts.BoardName, ErrBoardLost, why)
 	}
 	st.FromSlot, st.ToSlot = v.Slot.Index, to.Index
 	if err := src.disp.quiesce(ctx, v); err != nil {
