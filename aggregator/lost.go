@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/gpuvm/gpuvm/shadow"
 )
 
 // Lost devices and their way back (docs/design.md, "Losing a board").
@@ -122,21 +120,6 @@ func (a *Aggregator) loseVGPU(v *VGPU, why string) bool {
 	v.raiseIRQ() // its fence sleeps look, and find the device gone
 	log.Error("vGPU lost: its board stopped answering; it comes back with a reset", "reason", why, "slot", slot)
 	return true
-}
-
-// clearGuestState gives a lost v the guest-visible state of a vGPU just
-// attached, with nothing on a board: its restore builds only that. Called
-// with v.mu held, its shadows gone.
-func (v *VGPU) clearGuestState() {
-	v.hc, v.hcOps = nil, nil
-	v.synced = map[*shadow.Space]bool{}
-	v.stale = map[*shadow.Space]bool{}
-	v.remapAt, v.remapStale = 0, true
-	v.emu = map[uint32]uint32{}
-	v.window, v.windowOK = 0, true
-	v.pollBase, v.pollOn = 0, false
-	v.chans = make([]vchan, len(v.chans))
-	v.verr.Clear()
 }
 
 // abandon takes v off the dispatcher of a lost board: its queued

@@ -125,10 +125,20 @@ func (v *VGPU) powerOn() {
 	// As attach builds them (vgpu.go).
 	v.bars[0] = newBARShadow(v, nvc0.BAR1, &a.phys.bar1, v.Slot.BAR1)
 	v.bars[1] = newBARShadow(v, nvc0.BAR3, &a.phys.bar3, v.Slot.BAR3)
-	v.hc, v.hcOps = nil, nil
+	v.clearGuestState()
 	if v.feat.PV {
 		v.enablePV()
 	}
+}
+
+// clearGuestState gives v the guest-visible state of a vGPU just
+// attached — every emulated register and guest channel at its power-on
+// value, no error report, the hypercall registers unregistered — and
+// forgets what its shadows had synced: a reset's powerOn, and a lost
+// device, whose restore then builds only that (lost.go). Called with v.mu
+// held.
+func (v *VGPU) clearGuestState() {
+	v.hc, v.hcOps = nil, nil
 	v.synced = map[*shadow.Space]bool{}
 	v.stale = map[*shadow.Space]bool{}
 	v.remapAt, v.remapStale = 0, true

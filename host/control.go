@@ -136,19 +136,13 @@ func (h *Host) ControlHandler() http.Handler {
 	}
 	mux.HandleFunc("POST /v1/boards/{name}/drain", h.serveDrain)
 	mux.HandleFunc("POST /v1/boards/{name}/fail", func(w http.ResponseWriter, r *http.Request) {
-		b := h.Board(r.PathValue("name"))
-		switch {
-		case b == nil:
-			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such board"})
-		case !h.opts.FaultInjection:
-			writeJSON(w, http.StatusForbidden, map[string]string{"error": "fault injection is off (gpuvm serve --fault-injection turns it on, for tests)"})
-		case b.FailBus == nil:
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "board " + b.Name + " has no fault injection"})
-		default:
-			h.log.Warn("fault injection: board falls off the bus", "board", b.Name)
-			b.FailBus()
-			writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "fell off the bus"})
+		b := h.faultTarget(w, r, func(b *Board) bool { return b.FailBus != nil })
+		if b == nil {
+			return
 		}
+		h.log.Warn("fault injection: board falls off the bus", "board", b.Name)
+		b.FailBus()
+		writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "fell off the bus"})
 	})
 	mux.HandleFunc("POST /v1/boards/{name}/repair", h.serveRepair)
 	mux.HandleFunc("POST /v1/boards/{name}/reinit", h.serveReinit)

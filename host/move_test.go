@@ -1,7 +1,6 @@
 package host
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,41 +23,30 @@ func TestMoveThroughControlAPI(t *testing.T) {
 	}}, 2, 1)
 	srv := httptest.NewServer(h.ControlHandler())
 	defer srv.Close()
-	post := func(path string) (int, map[string]any) {
-		t.Helper()
-		resp, err := http.Post(srv.URL+path, "", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out
-	}
 	b, v, _ := attach(t, h, 1, "mover")
 	if b.Name != "fast" {
 		t.Fatalf("placed on %s", b.Name)
 	}
 	id := itoa(v.ID)
-	if code, out := post("/v1/vgpus/" + id + "/move?to=nowhere"); code != http.StatusConflict {
+	if code, out := post(t, srv, "/v1/vgpus/"+id+"/move?to=nowhere"); code != http.StatusConflict {
 		t.Fatalf("move to no board: %d %v", code, out)
 	}
-	if code, out := post("/v1/vgpus/" + id + "/move"); code != http.StatusBadRequest {
+	if code, out := post(t, srv, "/v1/vgpus/"+id+"/move"); code != http.StatusBadRequest {
 		t.Fatalf("move without a board: %d %v", code, out)
 	}
-	if code, out := post("/v1/vgpus/77/move?to=slow"); code != http.StatusNotFound {
+	if code, out := post(t, srv, "/v1/vgpus/77/move?to=slow"); code != http.StatusNotFound {
 		t.Fatalf("move of no vGPU: %d %v", code, out)
 	}
 	if err := h.SetState("slow", StateCordoned); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := post("/v1/vgpus/" + id + "/move?to=slow"); code != http.StatusConflict || !strings.Contains(out["error"].(string), "cordoned") {
+	if code, out := post(t, srv, "/v1/vgpus/"+id+"/move?to=slow"); code != http.StatusConflict || !strings.Contains(out["error"].(string), "cordoned") {
 		t.Fatalf("move to a cordoned board: %d %v", code, out)
 	}
 	if err := h.SetState("slow", StateActive); err != nil {
 		t.Fatal(err)
 	}
-	code, out := post("/v1/vgpus/" + id + "/move?to=slow")
+	code, out := post(t, srv, "/v1/vgpus/"+id+"/move?to=slow")
 	if code != http.StatusOK || out["to_board"] != "slow" || out["from_board"] != "fast" {
 		t.Fatalf("move: %d %v", code, out)
 	}
@@ -74,19 +62,19 @@ func TestMoveThroughControlAPI(t *testing.T) {
 	}
 	// slow has one slot, now taken: a second vGPU cannot move there.
 	_, w, _ := attach(t, h, 2, "other")
-	if code, out := post("/v1/vgpus/" + itoa(w.ID) + "/move?to=slow"); code != http.StatusConflict {
+	if code, out := post(t, srv, "/v1/vgpus/"+itoa(w.ID)+"/move?to=slow"); code != http.StatusConflict {
 		t.Fatalf("move to a full board: %d %v", code, out)
 	}
 	// A guest pinned to fast stays there.
 	_, p, _ := attach(t, h, pinned, "pinned")
-	if code, out := post("/v1/vgpus/" + itoa(p.ID) + "/move?to=slow"); code != http.StatusConflict || !strings.Contains(out["error"].(string), "pinned") {
+	if code, out := post(t, srv, "/v1/vgpus/"+itoa(p.ID)+"/move?to=slow"); code != http.StatusConflict || !strings.Contains(out["error"].(string), "pinned") {
 		t.Fatalf("move of a pinned guest: %d %v", code, out)
 	}
 	// Back, to the board it came from, once a slot is free there.
 	if wb, _ := h.Lookup(w.ID); wb == nil || wb.Agg.Detach(w) != nil {
 		t.Fatal("detach the other vGPU")
 	}
-	if code, out := post("/v1/vgpus/" + id + "/move?to=fast"); code != http.StatusOK {
+	if code, out := post(t, srv, "/v1/vgpus/"+id+"/move?to=fast"); code != http.StatusOK {
 		t.Fatalf("move back: %d %v", code, out)
 	}
 }

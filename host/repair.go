@@ -59,20 +59,33 @@ func (h *Host) serveReinit(w http.ResponseWriter, r *http.Request) {
 // that puts a simulated board that fell off the bus back on it (with
 // Options.FaultInjection only).
 func (h *Host) serveRepair(w http.ResponseWriter, r *http.Request) {
+	b := h.faultTarget(w, r, func(b *Board) bool { return b.RepairBus != nil })
+	if b == nil {
+		return
+	}
+	if err := b.RepairBus(); err != nil {
+		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+		return
+	}
+	h.log.Warn("fault injection: board back on the bus (gpuvm board reinit puts it back in service)", "board", b.Name)
+	writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "back on the bus"})
+}
+
+// faultTarget returns the board a fault-injection request names, or
+// answers the request with why not (no such board, fault injection off,
+// the board has none: has reports whether it has this one) and returns
+// nil.
+func (h *Host) faultTarget(w http.ResponseWriter, r *http.Request, has func(*Board) bool) *Board {
 	b := h.Board(r.PathValue("name"))
 	switch {
 	case b == nil:
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such board"})
 	case !h.opts.FaultInjection:
 		writeJSON(w, http.StatusForbidden, map[string]string{"error": "fault injection is off (gpuvm serve --fault-injection turns it on, for tests)"})
-	case b.RepairBus == nil:
+	case !has(b):
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "board " + b.Name + " has no fault injection"})
 	default:
-		if err := b.RepairBus(); err != nil {
-			writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
-			return
-		}
-		h.log.Warn("fault injection: board back on the bus (gpuvm board reinit puts it back in service)", "board", b.Name)
-		writeJSON(w, http.StatusOK, map[string]string{"board": b.Name, "injected": "back on the bus"})
+		return b
 	}
+	return nil
 }

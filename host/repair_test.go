@@ -2,6 +2,7 @@ package host
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,14 +14,14 @@ import (
 )
 
 // post POSTs path on srv and returns the status and the decoded body.
-func post(t *testing.T, srv *httptest.Server, path string) (int, map[string]string) {
+func post(t *testing.T, srv *httptest.Server, path string) (int, map[string]any) {
 	t.Helper()
 	resp, err := http.Post(srv.URL+path, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var body map[string]string
+	var body map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&body)
 	return resp.StatusCode, body
 }
@@ -69,10 +70,10 @@ func TestFailedBoardBackInService(t *testing.T) {
 		t.Fatalf("the lost device is not listed as lost: %+v", infos)
 	}
 	reset := "/v1/vgpus/" + itoa(v.ID) + "/reset"
-	if code, body := post(t, srv, reset); code != http.StatusInternalServerError || !strings.Contains(body["error"], "still lost") {
+	if code, body := post(t, srv, reset); code != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(body["error"]), "still lost") {
 		t.Fatalf("reset with fast lost and slow full: %d %v", code, body)
 	}
-	if code, body := post(t, srv, "/v1/boards/fast/reinit"); code != http.StatusServiceUnavailable || !strings.Contains(body["error"], "0xffffffff") {
+	if code, body := post(t, srv, "/v1/boards/fast/reinit"); code != http.StatusServiceUnavailable || !strings.Contains(fmt.Sprint(body["error"]), "0xffffffff") {
 		t.Fatalf("reinit of a board still off the bus: %d %v", code, body)
 	}
 	if code, body := post(t, srv, "/v1/boards/fast/repair"); code != http.StatusOK {

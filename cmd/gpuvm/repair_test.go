@@ -59,41 +59,35 @@ name = "b"
 	if out, _, err := runApp(t, "board", "fail", "a", "--control-socket", ctl); err != nil {
 		t.Fatalf("board fail a: %v\n%s", err, out)
 	}
-	var subs uint64
+	// watch polls the victim's vGPU until done says so; the VM process
+	// ending first fails the test with why (a run that failed or did not
+	// verify ends it).
 	deadline := time.Now().Add(2 * time.Minute) // a hang guard
-	for {
-		v, ok := vgpuNamed(t, ctl, "victim")
-		if ok && v.BoardName == "b" && v.Slot >= 0 && v.Lost == "" {
-			subs = v.Sched.Submissions
-			break
+	watch := func(what string, done func(aggregator.VGPUInfo) bool) aggregator.VGPUInfo {
+		t.Helper()
+		for {
+			v, ok := vgpuNamed(t, ctl, "victim")
+			if ok && done(v) {
+				return v
+			}
+			select {
+			case err := <-exited:
+				exited <- err
+				t.Fatalf("the VM ended before %s: %v", what, err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %+v", what, v)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("the VM ended instead of resetting its lost GPU: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the VM's vGPU never came back on b: %+v", v)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	for {
-		v, _ := vgpuNamed(t, ctl, "victim")
-		if v.Sched.Submissions > subs+20 {
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("the VM ended after its reset (a run failed or did not verify): %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the VM stopped computing after its reset: %+v", v)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	back := watch("its lost vGPU came back on b", func(v aggregator.VGPUInfo) bool {
+		return v.BoardName == "b" && v.Slot >= 0 && v.Lost == ""
+	})
+	watch("it computed on b after its reset", func(v aggregator.VGPUInfo) bool {
+		return v.Sched.Submissions > back.Sched.Submissions+20
+	})
 	var decisions []host.Decision
 	if err := controlGet(context.Background(), ctl, "/v1/placements", &decisions); err != nil {
 		t.Fatal(err)
