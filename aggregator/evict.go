@@ -416,7 +416,7 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, er
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	refused := map[*VGPU]bool{} // victims whose eviction failed: not asked again
+	refused := map[*VGPU]bool{} // victims that cannot be evicted: not asked again
 	for {
 		if lost, why := a.Lost(); lost {
 			return Slot{}, fmt.Errorf("board %s: %w: %s", a.opts.BoardName, ErrBoardLost, why)
@@ -447,8 +447,16 @@ func (a *Aggregator) roomFor(ctx context.Context, v *VGPU, prefer int) (Slot, er
 			_, err := a.Evict(ectx, u, fmt.Sprintf("its slot is wanted by vGPU %d (%s)", v.ID, v.Guest.Name))
 			cancel()
 			if err != nil {
-				refused[u] = true
+				// Work in flight that outlasted the bound is waited for
+				// again on the next look: it ends (the watchdog bounds it).
+				// A victim that cannot be evicted at all is not asked again.
+				if !errors.Is(err, context.DeadlineExceeded) {
+					refused[u] = true
+				}
 				a.log.Warn("eviction to make room failed", "vgpu", u.ID, "for", v.ID, "err", err)
+				if ctx.Err() != nil {
+					return Slot{}, fmt.Errorf("board %s, after %v: %w", a.opts.BoardName, time.Since(start).Round(time.Millisecond), ErrNoRoom)
+				}
 			}
 			continue
 		}

@@ -155,6 +155,48 @@ func TestEvictWaitsOutNoLongKernel(t *testing.T) {
 	verifiedWork(t, hog)
 }
 
+// TestEvictWaitsForSlowWork: the only slot's tenant has work in flight
+// that outlasts the eviction's bound (Options.Timeout) when a second VM
+// wants the slot. The first eviction attempt times out; the victim is not
+// written off for that — its work ends, and the next attempt evicts it —
+// so the waiter gets the slot once the work is done, well within its
+// RestoreWait, instead of being refused after it.
+func TestEvictWaitsForSlowWork(t *testing.T) {
+	const bound = 100 * time.Millisecond
+	agg, _ := newTestAggregatorWith(t, Options{MaxVMs: 1, Overcommit: 2, EvictIdle: time.Millisecond,
+		MinResidency: 100 * time.Millisecond, RestoreWait: time.Minute, Timeout: bound})
+	slow := startGuest(t, agg, "slow", "fv-optimized")
+	ch, seq, sem := stuckChannel(t, slow)
+	waitReleased(t, agg, slow.v, ch.ID())
+	time.Sleep(120 * time.Millisecond) // past MinResidency
+	attached := make(chan error, 1)
+	go func() {
+		f := guestRAMFile(t, "waiter")
+		_, err := agg.Attach(Guest{DomID: 9, Name: "waiter", Mode: "fv-optimized"}, f, 64<<20)
+		attached <- err
+	}()
+	time.Sleep(5 * bound) // several eviction attempts time out on the work in flight
+	select {
+	case err := <-attached:
+		t.Fatalf("the attach ended while the tenant's work was still in flight: %v", err)
+	default:
+	}
+	sem.Bytes[0] = 1 // the work ends
+	if err := ch.WaitFence(seq); err != nil {
+		t.Fatalf("the slow VM's work: %v", err)
+	}
+	if err := <-attached; err != nil {
+		t.Fatalf("the waiter, once the work in flight had ended: %v", err)
+	}
+	if !slow.v.Evicted() {
+		t.Fatal("the waiter attached without the slow VM being evicted")
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	verifiedWork(t, slow) // it takes its turn back
+}
+
 // TestEvictedVGPUTornDown: a parked vGPU whose VM goes is torn down without
 // a slot: its id and identity are free again and the board takes another
 // VM in its place.
@@ -369,13 +411,26 @@ func runLoops(t *testing.T, want int64, loops ...workLoop) {
 		}
 		return false
 	}
-	for deadline := time.Now().Add(2 * time.Minute); behind() && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
+	// A loop ends early only with an error: then the others are stopped.
+	var failed []error
+	ended := 0
+	for deadline := time.Now().Add(2 * time.Minute); behind() && ended == 0 && time.Now().Before(deadline); {
+		select {
+		case err := <-errs:
+			ended++
+			failed = append(failed, err)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	stop.Store(true)
-	for range loops {
+	// Every loop ends before the test may: its guest's RAM and driver are
+	// closed by the test's cleanup.
+	for ; ended < len(loops); ended++ {
 		if err := <-errs; err != nil {
-			t.Fatalf("workloads on an overcommitted board: %v", err)
+			failed = append(failed, err)
 		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("workloads on an overcommitted board: %v", errors.Join(failed...))
 	}
 }
