@@ -95,6 +95,9 @@ type Board struct {
 	// afterWalk, if set (by this package's tests only), runs between a
 	// TLB miss's page walk and the caching of its result.
 	afterWalk func()
+	// afterPublish, if set (by this package's tests only), runs when a
+	// run has published an entry's GP_GET, before it looks at GP_PUT again.
+	afterPublish func(ch int)
 	// inDMA, if set (by this package's tests only), runs inside a copy
 	// engine's pinned section, between the lookup and the move.
 	inDMA func()

@@ -2,7 +2,9 @@ package sim
 
 import (
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
@@ -130,5 +132,49 @@ func TestVRAMResidentRangesWithinSegments(t *testing.T) {
 	}
 	if got, _ := r.b.VRAMResidentRanges(0x6000, 0x10000); len(got) != 0 {
 		t.Fatalf("ranges beyond the page: %v", got)
+	}
+}
+
+// TestStopOfAFinishingRun: a channel is disabled and preempted (a host
+// driver's stop, as a move's) just after its run published the last
+// entry's GP_GET and before it looked at GP_PUT again — the moment the
+// host sees the submission complete. The work is all done: the channel
+// must read as having none pending, and its state must save. (The run's
+// finding the ring empty was voided by the preempt, so the stopped
+// channel kept its work-pending flag and a move failed with "channel is
+// not idle", destroying the vGPU.)
+func TestStopOfAFinishingRun(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(2, nil)
+	stopped := make(chan struct{})
+	var once sync.Once
+	r.b.afterPublish = func(ch int) {
+		if ch != c.id {
+			return
+		}
+		once.Do(func() {
+			r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(ch)), 0)
+			r.b.Write32(nvc0.BAR0, nvc0.RegPreempt, uint32(ch))
+			close(stopped)
+		})
+	}
+	c.semPage()
+	c.push(semRelease(chanDataVA, 1)...)
+	<-stopped
+	deadline := time.Now().Add(time.Minute) // a hang guard
+	for r.b.Read32(nvc0.BAR0, nvc0.RegPreempt)&nvc0.PreemptPending != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the preempt never completed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := c.gpGet(); got != c.put {
+		t.Fatalf("GP_GET %d, GP_PUT %d: the entry did not complete", got, c.put)
+	}
+	if ctl := c.ctl(); ctl&nvc0.ChanCtlPending != 0 {
+		t.Errorf("the stopped channel reads work pending (control %#x) with its ring empty", ctl)
+	}
+	if _, err := r.b.SaveChannelState(c.id); err != nil {
+		t.Errorf("save of the stopped channel: %v", err)
 	}
 }

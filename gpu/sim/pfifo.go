@@ -318,7 +318,12 @@ func (c *channel) run() {
 	defer func() {
 		c.mu.Lock()
 		c.running, c.cancel = false, nil
-		if idle && c.bells == bells && c.gen == gen {
+		// The ring was found empty: every doorbell before the run is
+		// served. A preempt since (gen) does not undo that — the work is
+		// done, and a stopped channel must not read as having any (a
+		// host's stop lands just after a run's last GP_GET); a re-enable
+		// (epoch) made a fresh channel, whose flag is its own.
+		if idle && c.bells == bells && c.epoch == epoch {
 			c.pending = false
 		}
 		c.done.Broadcast()
@@ -396,6 +401,9 @@ func (c *channel) run() {
 		b.physWrite32(phys{addr: user + nvc0.UserDMAGetHi}, uint32(end>>32))
 		b.physWrite32(phys{addr: user + nvc0.UserGPGet}, get)
 		c.mu.Unlock()
+		if b.afterPublish != nil {
+			b.afterPublish(c.id)
+		}
 	}
 }
 
