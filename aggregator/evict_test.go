@@ -188,7 +188,10 @@ func TestEvictWaitsForSlowWork(t *testing.T) {
 	if err := <-attached; err != nil {
 		t.Fatalf("the waiter, once the work in flight had ended: %v", err)
 	}
-	if !slow.v.Evicted() {
+	// Counted, not Evicted(): once parked, the slow VM's own next access
+	// (its driver reading the fence) may already have brought it back in
+	// the idle waiter's place.
+	if slow.v.Counters().Evictions == 0 {
 		t.Fatal("the waiter attached without the slow VM being evicted")
 	}
 	if err := ch.Close(); err != nil {
