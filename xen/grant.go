@@ -59,12 +59,22 @@ type GrantedPages struct {
 	index uint64
 	refs  []uint32
 	mem   []byte
+	fixed bool // mapped at the caller's address (ShareAt)
 }
 
 // Share allocates that many zeroed pages, grants them to domain domid
 // (writable or read-only) and maps them here. The grant references go to
 // the other domain, which maps them with Gntdev.Map.
 func (g *Gntalloc) Share(domid uint16, pages int, writable bool) (*GrantedPages, error) {
+	return g.ShareAt(domid, pages, writable, nil)
+}
+
+// ShareAt is Share with the pages mapped at address at (nil: anywhere),
+// replacing what was mapped there (MAP_FIXED): the caller reserves the
+// range, e.g. to lay several shares out next to one another. Close then
+// leaves the range reserved (inaccessible) rather than unmapped, so no
+// other mapping can take its place before the caller releases it.
+func (g *Gntalloc) ShareAt(domid uint16, pages int, writable bool, at unsafe.Pointer) (*GrantedPages, error) {
 	if err := checkGrantCount(pages); err != nil {
 		return nil, err
 	}
@@ -79,14 +89,38 @@ func (g *Gntalloc) Share(domid uint16, pages int, writable bool) (*GrantedPages,
 	if _, err := ioctl(uintptr(g.fd), ioctlGntallocAllocGref, unsafe.Pointer(&arg[0])); err != nil {
 		return nil, fmt.Errorf("xen: grant %d pages to domain %d: %w", pages, domid, err)
 	}
-	p := &GrantedPages{fd: g.fd}
+	p := &GrantedPages{fd: g.fd, fixed: at != nil}
 	p.index, p.refs = allocGrefResult(arg, pages)
-	mem, err := unix.Mmap(g.fd, int64(p.index), pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := mmapAt(g.fd, p.index, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, at)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("xen: map %d granted pages: %w", pages, err), p.Close())
 	}
 	p.mem = mem
 	return p, nil
+}
+
+// mmapAt maps length bytes of fd at offset index, at address at (MAP_FIXED)
+// or, with at nil, where the kernel chooses.
+func mmapAt(fd int, index uint64, length, prot int, at unsafe.Pointer) ([]byte, error) {
+	if at == nil {
+		return unix.Mmap(fd, int64(index), length, prot, unix.MAP_SHARED)
+	}
+	p, err := unix.MmapPtr(fd, int64(index), at, uintptr(length), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), length), nil
+}
+
+// unmapKeep ends a mapping: munmap, or for one placed at a caller's
+// address (fixed), an inaccessible anonymous mapping in its place, which
+// releases the device's pages and keeps the range reserved.
+func unmapKeep(mem []byte, fixed bool) error {
+	if !fixed {
+		return unix.Munmap(mem)
+	}
+	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&mem[0]), uintptr(len(mem)), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
+	return err
 }
 
 // Refs returns the grant references, one per page, in order.
@@ -113,7 +147,7 @@ func (p *GrantedPages) SetUnmapNotify(off int, action, port uint32) error {
 func (p *GrantedPages) Close() error {
 	var errs []error
 	if p.mem != nil {
-		errs = append(errs, unix.Munmap(p.mem))
+		errs = append(errs, unmapKeep(p.mem, p.fixed))
 		p.mem = nil
 	}
 	if p.refs != nil {
@@ -148,12 +182,21 @@ type GrantMapping struct {
 	index uint64
 	count int
 	mem   []byte
+	fixed bool // mapped at the caller's address (MapAt)
 }
 
 // Map maps the pages domain domid granted under refs, in order, read-write
 // or read-only. The references come from the other domain and are checked:
 // a reserved one (below GrantRefFirst) is refused.
 func (g *Gntdev) Map(domid uint16, refs []uint32, writable bool) (*GrantMapping, error) {
+	return g.MapAt(domid, refs, writable, nil)
+}
+
+// MapAt is Map with the pages mapped at address at (nil: anywhere),
+// replacing what was mapped there (MAP_FIXED): the caller reserves the
+// range, e.g. to lay several mappings out next to one another. Close then
+// leaves the range reserved (inaccessible) rather than unmapped.
+func (g *Gntdev) MapAt(domid uint16, refs []uint32, writable bool, at unsafe.Pointer) (*GrantMapping, error) {
 	if err := checkGrantCount(len(refs)); err != nil {
 		return nil, err
 	}
@@ -169,12 +212,12 @@ func (g *Gntdev) Map(domid uint16, refs []uint32, writable bool) (*GrantMapping,
 	if _, err := ioctl(uintptr(g.fd), ioctlGntdevMapGrantRef, unsafe.Pointer(&arg[0])); err != nil {
 		return nil, fmt.Errorf("xen: map %d grants of domain %d: %w", len(refs), domid, err)
 	}
-	m := &GrantMapping{fd: g.fd, index: mapGrantRefIndex(arg), count: len(refs)}
+	m := &GrantMapping{fd: g.fd, index: mapGrantRefIndex(arg), count: len(refs), fixed: at != nil}
 	prot := unix.PROT_READ
 	if writable {
 		prot |= unix.PROT_WRITE // gntdev maps read-only grants where PROT_WRITE is absent
 	}
-	mem, err := unix.Mmap(g.fd, int64(m.index), len(refs)*PageSize, prot, unix.MAP_SHARED)
+	mem, err := mmapAt(g.fd, m.index, len(refs)*PageSize, prot, at)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("xen: map %d grants of domain %d: %w", len(refs), domid, err), m.Close())
 	}
@@ -201,7 +244,7 @@ func (m *GrantMapping) SetUnmapNotify(off int, action, port uint32) error {
 func (m *GrantMapping) Close() error {
 	var errs []error
 	if m.mem != nil {
-		errs = append(errs, unix.Munmap(m.mem)) // before the ioctl, which fails on mapped pages
+		errs = append(errs, unmapKeep(m.mem, m.fixed)) // before the ioctl, which fails on mapped pages
 		m.mem = nil
 	}
 	if m.count > 0 {

@@ -125,13 +125,19 @@ func (f *Front) Version() uint32 { return f.version }
 // MaxRingPages returns the largest ring the back end accepts, in pages.
 func (f *Front) MaxRingPages() int { return 1 << f.maxOrder }
 
-// Publish writes the ring's grant references, its event channel port and
-// the agreed protocol version, and switches the front end to Initialised,
-// all in one transaction: the back end never sees Initialised without them.
-func (f *Front) Publish(ctx context.Context, refs []uint32, port uint32) error {
+// Publish writes the ring's grant references, its event channel port, the
+// agreed protocol version and the device's extra keys, and switches the
+// front end to Initialised, all in one transaction: the back end never sees
+// Initialised without them.
+func (f *Front) Publish(ctx context.Context, refs []uint32, port uint32, extra ...Extra) error {
 	r := Ring{Refs: refs, Port: port, Version: f.version}
 	if err := r.check(f.version); err != nil {
 		return err
+	}
+	for _, e := range extra {
+		if err := checkExtraKey(e.Key); err != nil {
+			return err
+		}
 	}
 	order, _ := RingPageOrder(len(refs))
 	if order > f.maxOrder {
@@ -147,6 +153,9 @@ func (f *Front) Publish(ctx context.Context, refs []uint32, port uint32) error {
 			for i, ref := range refs {
 				err = errors.Join(err, w(fmt.Sprintf("ring-ref%d", i), uint64(ref)))
 			}
+		}
+		for _, e := range extra {
+			err = errors.Join(err, w(e.Key, e.Value))
 		}
 		return errors.Join(err, w("event-channel", uint64(port)), w("protocol-version", uint64(f.version)))
 	})
@@ -170,6 +179,37 @@ func (f *Front) WaitConnected(ctx context.Context) error {
 		return err
 	}
 	return switchState(ctx, f.xs, f.own, StateConnected, nil)
+}
+
+// ReadPeer reads device-specific numbers the back end published with
+// Connected (Back.Connect's extra keys), each checked against its bounds.
+func (f *Front) ReadPeer(ctx context.Context, keys ...ExtraKey) (map[string]uint64, error) {
+	return readExtra(ctx, f.xs, f.peer, keys)
+}
+
+// readExtra reads keys of dir in one transaction.
+func readExtra(ctx context.Context, xs *xenstore.Client, dir string, keys []ExtraKey) (map[string]uint64, error) {
+	for _, k := range keys {
+		if err := checkExtraKey(k.Key); err != nil {
+			return nil, err
+		}
+	}
+	out := map[string]uint64{}
+	err := xs.Transaction(ctx, func(tx xenstore.Tx) error {
+		clear(out)
+		for _, k := range keys {
+			v, err := readNumber(ctx, tx, dir, k.Key, k.Lo, k.Hi)
+			if err != nil {
+				return err
+			}
+			out[k.Key] = v
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Closing announces Closing and waits, within ctx, until the back end no
@@ -221,9 +261,15 @@ func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint3
 }
 
 // WaitRing waits for the front end to publish its ring (state Initialised,
-// or Connected) and reads it, checking every value. A front end that closes
-// meanwhile fails it with ErrPeerClosed.
-func (b *Back) WaitRing(ctx context.Context) (Ring, error) {
+// or Connected) and reads it and the device's extra keys (into Ring.Extra),
+// checking every value. A front end that closes meanwhile fails it with
+// ErrPeerClosed.
+func (b *Back) WaitRing(ctx context.Context, keys ...ExtraKey) (Ring, error) {
+	for _, k := range keys {
+		if err := checkExtraKey(k.Key); err != nil {
+			return Ring{}, err
+		}
+	}
 	if _, err := waitState(ctx, b.xs, b.peer, func(s State) (bool, error) {
 		if s == StateInitialised || s == StateConnected {
 			return true, nil
@@ -262,8 +308,21 @@ func (b *Back) WaitRing(ctx context.Context) (Ring, error) {
 			r.Refs = append(r.Refs, uint32(ref))
 		}
 		port, err := readNumber(ctx, tx, b.peer, "event-channel", 1, xen.EvtchnPortMax)
+		if err != nil {
+			return err
+		}
 		r.Port = uint32(port)
-		return err
+		for _, k := range keys {
+			v, err := readNumber(ctx, tx, b.peer, k.Key, k.Lo, k.Hi)
+			if err != nil {
+				return err
+			}
+			if r.Extra == nil {
+				r.Extra = map[string]uint64{}
+			}
+			r.Extra[k.Key] = v
+		}
+		return nil
 	})
 	if err != nil {
 		return Ring{}, err
@@ -272,9 +331,21 @@ func (b *Back) WaitRing(ctx context.Context) (Ring, error) {
 }
 
 // Connect switches the back end to Connected, once it mapped the ring and
-// bound the event channel.
-func (b *Back) Connect(ctx context.Context) error {
-	return switchState(ctx, b.xs, b.own, StateConnected, nil)
+// bound the event channel, and publishes the device's extra keys in the
+// same transaction (the front end reads them with ReadPeer).
+func (b *Back) Connect(ctx context.Context, extra ...Extra) error {
+	for _, e := range extra {
+		if err := checkExtraKey(e.Key); err != nil {
+			return err
+		}
+	}
+	return switchState(ctx, b.xs, b.own, StateConnected, func(tx xenstore.Tx) error {
+		var err error
+		for _, e := range extra {
+			err = errors.Join(err, tx.Write(ctx, b.own+"/"+e.Key, fmt.Sprint(e.Value)))
+		}
+		return err
+	})
 }
 
 // Closing announces Closing. A back end unmaps the ring and unbinds its

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpuvm/gpuvm/xen"
@@ -313,6 +314,41 @@ type Ring struct {
 	Port uint32
 	// Version is the protocol version the two ends agreed on.
 	Version uint32
+	// Extra holds the device's own keys the back end asked for, by name.
+	Extra map[string]uint64
+}
+
+// Extra is a device-specific number a front end publishes with its ring
+// (for example where a buffer heap's grant directory starts).
+type Extra struct {
+	Key   string
+	Value uint64
+}
+
+// ExtraKey is a device-specific number the back end reads with the ring;
+// the front end must have published it, within [Lo, Hi].
+type ExtraKey struct {
+	Key    string
+	Lo, Hi uint64
+}
+
+// checkExtraKey refuses a key name the handshake itself uses or one that
+// is not a plain xenstore node name (lower-case letters, digits, '-').
+func checkExtraKey(key string) error {
+	switch {
+	case key == "", len(key) > 64:
+		return fmt.Errorf("xenbus: extra key %q: want 1..64 characters", key)
+	case key == "event-channel", key == "protocol-version", key == "state", key == "backend", key == "backend-id",
+		key == "frontend", key == "frontend-id", key == "online", key == "max-ring-page-order",
+		key == "ring-page-order", strings.HasPrefix(key, "ring-ref"):
+		return fmt.Errorf("xenbus: extra key %q is the handshake's own", key)
+	}
+	for _, c := range key {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return fmt.Errorf("xenbus: extra key %q: only a-z, 0-9 and '-'", key)
+		}
+	}
+	return nil
 }
 
 // RingPageOrder returns log2(n) for a power of two n of at most

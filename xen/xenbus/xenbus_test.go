@@ -360,3 +360,81 @@ func TestVersions(t *testing.T) {
 		t.Fatal("back end of version 0")
 	}
 }
+
+// TestExtraKeys: a front end's device-specific keys reach the back end in
+// the ring's transaction, checked against the back end's bounds; a key
+// out of bounds or missing fails the back end's read, and names the
+// handshake uses are refused on both sides.
+func TestExtraKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		publish []Extra
+		want    []ExtraKey
+		ok      bool
+	}{
+		{"in bounds", []Extra{{"heap-ref", 8}, {"heap-pages", 4096}}, []ExtraKey{{"heap-ref", 8, 1<<32 - 1}, {"heap-pages", 1, 4096}}, true},
+		{"past the bound", []Extra{{"heap-pages", 4097}}, []ExtraKey{{"heap-pages", 1, 4096}}, false},
+		{"missing", nil, []ExtraKey{{"heap-pages", 1, 4096}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, front, back := newTestDevice(t)
+			ctx := testCtx(t)
+			b, err := StartBack(ctx, back, testDevice(), testVersion)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := StartFront(ctx, front, testDevice(), testVersion)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Publish(ctx, []uint32{8}, 3, tc.publish...); err != nil {
+				t.Fatal(err)
+			}
+			r, err := b.WaitRing(ctx, tc.want...)
+			if (err == nil) != tc.ok {
+				t.Fatalf("WaitRing: %v (want ok %v)", err, tc.ok)
+			}
+			if err != nil {
+				t.Logf("refused: %v", err)
+				return
+			}
+			for _, e := range tc.publish {
+				if r.Extra[e.Key] != e.Value {
+					t.Fatalf("%s = %d, want %d", e.Key, r.Extra[e.Key], e.Value)
+				}
+			}
+			// And back: what the back end says with Connected.
+			if err := b.Connect(ctx, Extra{"vram-size", 256 << 20}); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.WaitConnected(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := f.ReadPeer(ctx, ExtraKey{"vram-size", 1, 1 << 40})
+			if err != nil || got["vram-size"] != 256<<20 {
+				t.Fatalf("ReadPeer: %v, %v", got, err)
+			}
+			if _, err := f.ReadPeer(ctx, ExtraKey{"vram-size", 1, 1 << 20}); err == nil {
+				t.Fatal("ReadPeer took a value past its bound")
+			}
+		})
+	}
+	_, front, back := newTestDevice(t)
+	ctx := testCtx(t)
+	b, err := StartBack(ctx, back, testDevice(), testVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := StartFront(ctx, front, testDevice(), testVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"ring-ref", "ring-ref0", "event-channel", "state", "online", "frontend-id", "Heap", "a/b", ""} {
+		if err := f.Publish(ctx, []uint32{8}, 3, Extra{key, 1}); err == nil {
+			t.Errorf("front end published extra key %q", key)
+		}
+		if _, err := b.WaitRing(ctx, ExtraKey{key, 0, 1}); err == nil {
+			t.Errorf("back end read extra key %q", key)
+		}
+	}
+}
