@@ -17,6 +17,7 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/internal/rangealloc"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
@@ -78,6 +79,24 @@ func (p vgpuPort) Write32(bar int, off uint64, val uint32) { _ = p.v.Write32(bar
 // vGPU is built over both, and the back-end driver is opened on it. The
 // back end serves the ring of t once Serve runs.
 func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdrm.Transport) (*PVDRMBackend, error) {
+	return a.AttachPVDRMMapped(g, gartSize, func(at unsafe.Pointer) (func() error, error) {
+		if _, err := unix.MmapPtr(int(gart.Fd()), 0, at, uintptr(gartSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+			return nil, err
+		}
+		return func() error { return nil }, nil // the range's release unmaps it
+	}, t)
+}
+
+// GARTMapper maps a pvdrm guest's GART heap at address at (MAP_FIXED into
+// a range the aggregator reserved for it) and returns how to end that
+// mapping; the aggregator calls it before it releases the range. The local
+// transport maps the guest's memfd; the xen transport the pages the guest
+// granted (pvdrm.XenBack.MapGART).
+type GARTMapper func(at unsafe.Pointer) (unmap func() error, err error)
+
+// AttachPVDRMMapped is AttachPVDRM with the GART heap (gartSize bytes)
+// mapped by mapGART.
+func (a *Aggregator) AttachPVDRMMapped(g Guest, gartSize uint64, mapGART GARTMapper, t pvdrm.Transport) (*PVDRMBackend, error) {
 	feat, err := FeaturesFor(g.Mode)
 	if err != nil {
 		return nil, err
@@ -93,7 +112,7 @@ func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdr
 		return nil, fmt.Errorf("attach %s: %w", g.Name, err)
 	}
 	v, err := a.attachWith(g, func() ([]byte, func() error, error) {
-		return mapBackToBack(priv.Fd(), privSize, int(gart.Fd()), gartSize)
+		return mapBackToBack(priv.Fd(), privSize, gartSize, mapGART)
 	})
 	if err != nil {
 		return nil, errors.Join(err, priv.Close())
@@ -128,21 +147,23 @@ func (a *Aggregator) AttachPVDRM(g Guest, gart *os.File, gartSize uint64, t pvdr
 	return b, nil
 }
 
-// mapBackToBack maps two memfds as one contiguous region: first's size1
-// bytes, then second's size2 bytes.
-func mapBackToBack(first int, size1 uint64, second int, size2 uint64) ([]byte, func() error, error) {
+// mapBackToBack maps the private memfd first (size1 bytes) and the GART
+// heap (size2 bytes, by mapGART) right after it, as one contiguous region.
+func mapBackToBack(first int, size1, size2 uint64, mapGART GARTMapper) ([]byte, func() error, error) {
 	total := uintptr(size1 + size2)
 	base, err := unix.MmapPtr(-1, 0, nil, total, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reserve %d bytes: %w", total, err)
 	}
-	unmap := func() error { return unix.MunmapPtr(base, total) }
+	release := func() error { return unix.MunmapPtr(base, total) }
 	if _, err := unix.MmapPtr(first, 0, base, uintptr(size1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("map private memory: %w", err), unmap())
+		return nil, nil, errors.Join(fmt.Errorf("map private memory: %w", err), release())
 	}
-	if _, err := unix.MmapPtr(second, 0, unsafe.Add(base, size1), uintptr(size2), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("map GART heap: %w", err), unmap())
+	unmapGART, err := mapGART(unsafe.Add(base, size1))
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("map GART heap: %w", err), release())
 	}
+	unmap := func() error { return errors.Join(unmapGART(), release()) }
 	return unsafe.Slice((*byte)(base), total), unmap, nil
 }
 
@@ -200,6 +221,18 @@ type PVDRMBackend struct {
 
 // VGPU returns the back end's vGPU.
 func (b *PVDRMBackend) VGPU() *VGPU { return b.v }
+
+// Welcome returns what the back end grants its guest: the vGPU's id, VRAM
+// quota and channels (the local transport sends it on the device-model
+// socket, the xen transport in xenstore).
+func (b *PVDRMBackend) Welcome() ipc.Welcome {
+	return ipc.Welcome{VGPU: uint32(b.v.ID), VRAMSize: b.vramSize, Channels: uint32(b.chans)}
+}
+
+// OnDestroy calls f (once) when the vGPU is destroyed from outside (the
+// control API, a lost board) or at once if it is gone already: the caller
+// then stops Serve.
+func (b *PVDRMBackend) OnDestroy(f func(reason string)) { b.v.onHangup(f) }
 
 // Serve reads and answers requests until ctx is done or the front end
 // breaks the protocol; then it stops the VM's work and returns. The caller

@@ -58,7 +58,8 @@ func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.L
 		return
 	}
 	v := b.VGPU()
-	w := ipc.Welcome{VGPU: uint32(v.ID), VRAMSize: b.vramSize, Channels: uint32(b.chans), Params: map[string]string{}}
+	w := b.Welcome()
+	w.Params = map[string]string{}
 	if a.opts.Timing != "" {
 		w.Params[ipc.ParamTiming] = a.opts.Timing
 	}

@@ -2,7 +2,9 @@ package host
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strconv"
@@ -90,6 +92,7 @@ func (h *Host) SetState(name string, s State) error {
 //	GET    /v1/layout                   the layout, on a host of one board
 //	GET    /v1/types                    the profiles and how many more of each fit, all boards
 //	GET|PUT|DELETE /v1/domains[/{domid}] settings for domains not connected yet
+//	POST|DELETE /v1/domains/{domid}/pvdrm  start or stop a Xen domain's pvdrm back end (gpuvm serve --xen)
 func (h *Host) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/vgpus", func(w http.ResponseWriter, r *http.Request) {
@@ -191,6 +194,41 @@ func (h *Host) Types() []aggregator.TypeInfo {
 // device model connects, then given to the board it is placed on.
 func (h *Host) domainRoutes(mux *http.ServeMux) {
 	aggregator.DomainSettingsRoutes(mux, h.domainsWaiting, h.SetDomainSettings, h.ForgetDomain)
+	mux.HandleFunc("POST /v1/domains/{domid}/pvdrm", h.serveStartXenPVDRM)
+	mux.HandleFunc("DELETE /v1/domains/{domid}/pvdrm", func(w http.ResponseWriter, r *http.Request) {
+		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+		if err != nil || !h.StopXenPVDRM(uint32(domid)) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no pvdrm back end runs for that domain"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "stopping"})
+	})
+}
+
+// serveStartXenPVDRM starts a Xen domain's pvdrm back end (body: a
+// XenPVDRMRequest, at most 4 KiB).
+func (h *Host) serveStartXenPVDRM(w http.ResponseWriter, r *http.Request) {
+	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domid: " + err.Error()})
+		return
+	}
+	var req XenPVDRMRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+		return
+	}
+	if err := h.StartXenPVDRM(uint32(domid), req); err != nil {
+		status := http.StatusConflict
+		if errors.Is(err, ErrNoXen) {
+			status = http.StatusNotImplemented
+		}
+		writeJSON(w, status, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "waiting for the guest's front end"})
 }
 
 // domainsWaiting lists the settings waiting at the host and at the boards.

@@ -74,6 +74,11 @@ type Options struct {
 	// FaultInjection lets the control API make a board fall off the bus
 	// (POST /v1/boards/NAME/fail): a test facility, off in production.
 	FaultInjection bool
+	// Xen says the daemon serves Xen domains from dom0: it may run their
+	// pvdrm back ends (StartXenPVDRM), with the Xen devices in XenDevDir
+	// ("" is /dev/xen).
+	Xen       bool
+	XenDevDir string
 	// Logger receives placement decisions.
 	Logger *slog.Logger
 }
@@ -87,9 +92,17 @@ type Host struct {
 	load   *loadMeter
 	bal    *balancer
 
+	// bg is the context of the host's own services (Xen pvdrm back ends),
+	// cancelled by Close, which waits for them (bgWait).
+	bg     context.Context
+	bgStop context.CancelFunc
+	bgWait sync.WaitGroup
+
 	mu        sync.Mutex
 	decisions []Decision // the latest, oldest first, at most maxDecisions
 	pending   map[uint32]aggregator.DomainSettings
+	xenPVDRM  map[uint32]context.CancelFunc // running Xen pvdrm back ends, by domid
+	closed    bool
 }
 
 // New makes a host of boards, whose aggregators must share reg (their
@@ -126,7 +139,8 @@ func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error)
 		return nil, err
 	}
 	h := &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)), bal: bal,
-		pending: map[uint32]aggregator.DomainSettings{}}
+		pending: map[uint32]aggregator.DomainSettings{}, xenPVDRM: map[uint32]context.CancelFunc{}}
+	h.bg, h.bgStop = context.WithCancel(context.Background())
 	for _, b := range boards {
 		b.Agg.SetRehome(h.rehomer(b))
 	}
@@ -214,6 +228,11 @@ func (h *Host) serveOn(ctx context.Context, p *ipc.Pending, g aggregator.Guest, 
 
 // Close stops the load balancer and closes every board's aggregator.
 func (h *Host) Close() error {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.bgStop()
+	h.bgWait.Wait()
 	h.stopBalancer()
 	var errs []error
 	for _, b := range h.boards {

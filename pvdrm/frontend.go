@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
 )
 
 // FrontEnd is a pvdrm guest's connection to an aggregator on this machine
@@ -21,12 +22,26 @@ type FrontEnd struct {
 	// Client sends DRM operations.
 	Client *Client
 	// Shares maps the buffers GEM_MMAP shares.
-	Shares *LocalShares
+	Shares FrontShares
 
-	ctl     *ipc.Client
+	ctl     *ipc.Client // nil on the xen transport
 	welcome ipc.Welcome
 	gart    *hostmem.RAM
+	xs      *xenstore.Client // the xen transport's, closed last
 }
+
+// FrontShares are a front end's shares: LocalShares or XenShares.
+type FrontShares interface {
+	Shares
+	// Mappings returns how many shares were taken.
+	Mappings() uint64
+	// Close releases what the shares keep.
+	Close() error
+}
+
+// ErrNoControl is returned for what only the local transport's
+// device-model connection carries (counters, its round trip).
+var ErrNoControl = errors.New("pvdrm: no device-model connection on the xen transport")
 
 // DialConfig names the guest and sizes its GART heap.
 type DialConfig struct {
@@ -97,13 +112,17 @@ func (fe *FrontEnd) Welcome() ipc.Welcome { return fe.welcome }
 // Counters reads the vGPU's counters by name (the device-model socket's
 // counters call).
 func (fe *FrontEnd) Counters(names []string) (map[string]uint64, error) {
+	if fe.ctl == nil {
+		return nil, ErrNoControl
+	}
 	return fe.ctl.Counters(names)
 }
 
 // RoundTrips measures, n times each, a request's round trip on the pvdrm
 // ring (GETPARAM on file, which must be open) and a call's round trip on
 // the device-model connection's shared-memory rings (the path every
-// trapped MMIO access of the other modes takes); it returns their means.
+// trapped MMIO access of the other modes takes); it returns their means
+// (mmio 0 on the xen transport, which has no such connection).
 func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, mmio time.Duration, err error) {
 	start := time.Now()
 	for range n {
@@ -112,6 +131,9 @@ func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, m
 		}
 	}
 	ring = time.Since(start) / time.Duration(n)
+	if fe.ctl == nil {
+		return ring, 0, nil
+	}
 	start = time.Now()
 	for range n {
 		if _, err := fe.ctl.Call(ipc.OpCounters, 1<<32); err != nil { // an unknown group: refused at once
@@ -136,6 +158,9 @@ func (fe *FrontEnd) Close() error {
 	}
 	if fe.gart != nil {
 		errs = append(errs, fe.gart.Close())
+	}
+	if fe.xs != nil {
+		errs = append(errs, fe.xs.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -112,6 +112,9 @@ type XenFrontConfig struct {
 	// CloseTimeout bounds how long Close waits for the back end to let go
 	// of the ring (0 means 5 s).
 	CloseTimeout time.Duration
+	// GARTPages, if not 0, is the size of the GART heap the front end
+	// grants the back end (pages of 4 KiB, at most MaxXenGARTPages).
+	GARTPages int
 }
 
 // XenFront is the front end (guest) of the xen transport. Notify and Wait
@@ -120,6 +123,7 @@ type XenFront struct {
 	link *xenbus.Front
 	gnt  *xen.Gntalloc
 	ring *xen.GrantedPages
+	gart *XenGART
 	xenEvents
 	closeTimeout time.Duration
 }
@@ -178,10 +182,25 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	if err := armLiveness(mem, x.ring, xenFrontAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
-	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port()); err != nil {
+	var extra []xenbus.Extra
+	if cfg.GARTPages > 0 {
+		if x.gart, err = NewXenGART(x.gnt, back, cfg.GARTPages); err != nil {
+			return err
+		}
+		extra = x.gart.Keys()
+	}
+	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port(), extra...); err != nil {
 		return err
 	}
 	return x.link.WaitConnected(ctx)
+}
+
+// GART returns the GART heap granted to the back end (nil without one).
+func (x *XenFront) GART() []byte {
+	if x.gart == nil {
+		return nil
+	}
+	return x.gart.Mem()
 }
 
 // Ring returns the shared ring memory: pages that start zeroed, which the
@@ -255,6 +274,11 @@ type XenBackConfig struct {
 	Device xenbus.Device
 	// DevDir is where the Xen devices are ("" is xen.DevDir).
 	DevDir string
+	// GART says the front end must publish a GART heap (MapGART maps it).
+	GART bool
+	// NoConnect leaves the switch to Connected to the caller (Connect),
+	// which may first set the device up and say what it granted.
+	NoConnect bool
 }
 
 // XenBack is the back end (dom0) of the xen transport. Notify and Wait
@@ -264,15 +288,19 @@ type XenBack struct {
 	gnt  *xen.Gntdev
 	ring *xen.GrantMapping
 	xenEvents
-	version uint32
+	version   uint32
+	devDir    string
+	front     uint16
+	gartRef   uint32
+	gartPages int
 }
 
 // NewXenBack opens the Xen devices, runs the back end's handshake and
-// returns once it switched to Connected: it waits for the front end to
-// publish its ring, maps the granted pages, binds the front end's port,
-// and arms the unmap notification that tells the front end if this process
-// goes away. Everything read from xenstore is checked. Without /dev/xen it
-// fails at once, wrapping xen.ErrNoXen.
+// returns once it switched to Connected (with NoConnect, just before): it
+// waits for the front end to publish its ring, maps the granted pages,
+// binds the front end's port, and arms the unmap notification that tells
+// the front end if this process goes away. Everything read from xenstore
+// is checked. Without /dev/xen it fails at once, wrapping xen.ErrNoXen.
 func NewXenBack(ctx context.Context, cfg XenBackConfig) (*XenBack, error) {
 	if cfg.Xenstore == nil {
 		return nil, errors.New("pvdrm xen back: no xenstore connection")
@@ -300,12 +328,20 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if x.link, err = xenbus.StartBack(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
 		return err
 	}
-	r, err := x.link.WaitRing(ctx)
+	var keys []xenbus.ExtraKey
+	if cfg.GART {
+		keys = XenGARTKeys()
+	}
+	r, err := x.link.WaitRing(ctx, keys...)
 	if err != nil {
 		return err
 	}
 	x.version = r.Version
 	front := cfg.Device.FrontDomid
+	x.front, x.devDir = front, cfg.DevDir
+	if cfg.GART {
+		x.gartRef, x.gartPages = uint32(r.Extra[xenKeyGARTRef]), int(r.Extra[xenKeyGARTPages])
+	}
 	if x.ring, err = x.gnt.Map(front, r.Refs, true); err != nil {
 		return err
 	}
@@ -319,7 +355,39 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if err := armLiveness(mem, x.ring, xenBackAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
+	if cfg.NoConnect {
+		return nil
+	}
 	return x.link.Connect(ctx)
+}
+
+// Connect switches to Connected (after NewXenBack with NoConnect),
+// publishing extra for the front end to read.
+func (x *XenBack) Connect(ctx context.Context, extra ...xenbus.Extra) error {
+	return x.link.Connect(ctx, extra...)
+}
+
+// GARTSize returns the size in bytes of the GART heap the front end
+// published (0 without one).
+func (x *XenBack) GARTSize() uint64 { return uint64(x.gartPages) * xen.PageSize }
+
+// MapGART maps the front end's GART heap at address at, which must have
+// room for GARTSize bytes (the caller reserved it). The caller owns the
+// mapping: it closes it before it releases the range.
+func (x *XenBack) MapGART(at unsafe.Pointer) (*XenGARTMapping, error) {
+	if x.gartPages == 0 {
+		return nil, errors.New("pvdrm xen back: the front end published no GART heap")
+	}
+	gnt, err := xen.OpenGntdev(x.devDir) // its own: the mapping may outlive the ring's
+	if err != nil {
+		return nil, err
+	}
+	m, err := MapXenGART(gnt, x.front, x.gartRef, x.gartPages, at)
+	if err != nil {
+		return nil, errors.Join(err, gnt.Close())
+	}
+	m.gnt = gnt
+	return m, nil
 }
 
 // Ring returns the shared ring memory (the front end's pages, mapped).

@@ -80,6 +80,7 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 	}
 	d := cfg.Daemon
 	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: d.Placement,
+		Xen: c.Bool("xen"), XenDevDir: c.Path("xen-dir"),
 		Pin: func(g aggregator.Guest, profile string) string { return pinOf(cfg, g, profile) },
 		Balance: host.BalanceOptions{Policy: d.Balance, Interval: d.BalanceInterval.Duration, Threshold: d.BalanceThreshold,
 			Hold: d.BalanceHold.Duration}})

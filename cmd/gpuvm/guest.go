@@ -19,6 +19,7 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/guest-driver/xenguest"
+	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
 // guestRoundTrips is how many PMC_BOOT_0 reads time the trap round trip
@@ -64,7 +65,7 @@ func guestCommand() *cli.Command {
 			"Workloads: " + workloadHelp() + "\n\n" +
 			"Exit status: 0 all verified, 1 a run failed or did not verify, 2 usage error.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "mode", Value: string(config.ModeFVOptimized), Usage: "the virtualization mode the daemon serves this domain in ([[vm]] mode): " + strings.Join(guestModes(), ", ") + "; it decides only whether the driver makes hypercalls (pv-naive one per update, pv-multicall batched). The pvdrm modes have no GPU registers and are refused"},
+			&cli.StringFlag{Name: "mode", Value: string(config.ModeFVOptimized), Usage: "the virtualization mode the daemon serves this domain in ([[vm]] mode): " + strings.Join(guestModes(), ", ") + "; it decides whether the driver makes hypercalls (pv-naive one per update, pv-multicall batched); the pvdrm modes run the pvdrm front end over Xen's grants and event channels instead of a driver on BARs"},
 			&cli.StringFlag{Name: "pci", Usage: "the vGPU's PCI address, domain:bus:device.function (default: find the one function with its id)"},
 			&cli.PathFlag{Name: "sysfs", Value: xenguest.DefaultSysfsRoot, Usage: "the directory of PCI functions to look in"},
 			&cli.BoolFlag{Name: "enable", Usage: "write 1 to the function's sysfs enable file before mapping (normally the kernel has enabled it)"},
@@ -83,6 +84,10 @@ func guestCommand() *cli.Command {
 			&cli.IntFlag{Name: "rodinia-scale", Value: 1, Usage: "divide the linear input sizes of bp, hs, lud, nn, srad and srad2 by this (1: Rodinia's sizes)"},
 			&cli.IntFlag{Name: "round-trips", Value: guestRoundTrips, Usage: "PMC_BOOT_0 reads timed before the workloads (0: none)"},
 			&cli.BoolFlag{Name: "no-fill", Usage: "clear objects word by word, one trap per word, instead of one REP STOSL per up to 4096 words"},
+			&cli.StringFlag{Name: "gart-size", Value: "32MiB", Usage: "pvdrm modes: the GART heap granted to dom0 (the guest's gntalloc must allow that many pages: its module parameter limit, 1024 by default)"},
+			&cli.UintFlag{Name: "devid", Usage: "pvdrm modes: the pvdrm device's id in xenstore"},
+			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "pvdrm modes: where gntalloc and evtchn are"},
+			&cli.DurationFlag{Name: "connect-timeout", Value: time.Minute, Usage: "pvdrm modes: how long to wait for the back end (gpuvm serve --xen in dom0)"},
 		},
 		Action: runGuest,
 	}
@@ -93,9 +98,7 @@ func guestCommand() *cli.Command {
 func guestModes() []string {
 	var out []string
 	for _, m := range config.Modes() {
-		if !m.IsPVDRM() {
-			out = append(out, string(m))
-		}
+		out = append(out, string(m))
 	}
 	return out
 }
@@ -113,14 +116,13 @@ type guestFlags struct {
 	work       []workloads.Workload
 	runs       int
 	roundTrips int
+	gartSize   uint64 // pvdrm modes: the GART heap granted to dom0
 }
 
 func parseGuestFlags(c *cli.Context) (*guestFlags, error) {
 	f := &guestFlags{mode: c.String("mode"), runs: c.Int("runs"), roundTrips: c.Int("round-trips")}
-	switch m := config.Mode(f.mode); {
-	case m.IsPVDRM():
-		return nil, usageError("--mode %s: the pvdrm modes give the guest no GPU registers (its front end sends DRM operations over a ring); the guest command runs the register-level driver, in %s", f.mode, strings.Join(guestModes(), ", "))
-	case !m.Valid():
+	pvdrmMode := config.Mode(f.mode).IsPVDRM()
+	if !config.Mode(f.mode).Valid() {
 		return nil, usageError("--mode %q: want one of %s", f.mode, strings.Join(guestModes(), ", "))
 	}
 	f.pv = bench.DriverPVMode(f.mode)
@@ -145,6 +147,20 @@ func parseGuestFlags(c *cli.Context) (*guestFlags, error) {
 			return nil, usageError("%v", err)
 		}
 		f.work = append(f.work, w)
+	}
+	if pvdrmMode {
+		for _, name := range []string{"dma", "bars", "pci", "enable", "no-fill"} {
+			if c.IsSet(name) {
+				return nil, usageError("--%s: the pvdrm modes give the guest no GPU registers or DMA range (its front end sends DRM operations over a ring)", name)
+			}
+		}
+		if f.gartSize, err = parseSize(c.String("gart-size")); err != nil {
+			return nil, usageError("--gart-size: %v", err)
+		}
+		if f.gartSize == 0 || f.gartSize%4096 != 0 || f.gartSize/4096 > pvdrm.MaxXenGARTPages {
+			return nil, usageError("--gart-size %s: want whole pages, at most %d MiB", c.String("gart-size"), pvdrm.MaxXenGARTPages*4096>>20)
+		}
+		return f, nil
 	}
 	if !c.IsSet("dma") {
 		return nil, usageError("--dma BASE:SIZE is required: the guest-physical range reserved for DMA with memmap=SIZE$BASE on the guest kernel's command line")
@@ -274,6 +290,9 @@ func runGuest(c *cli.Context) (err error) {
 	f, err := parseGuestFlags(c)
 	if err != nil {
 		return err
+	}
+	if config.Mode(f.mode).IsPVDRM() {
+		return runGuestPVDRM(c, f)
 	}
 	bars, err := openGuestBARs(c, f)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/gpuvm/gpuvm/bench"
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
+	"github.com/gpuvm/gpuvm/host"
 	"github.com/gpuvm/gpuvm/xen/privcmd"
 	"github.com/gpuvm/gpuvm/xen/xenstore"
 	"github.com/gpuvm/gpuvm/xen/xlcfg"
@@ -49,8 +50,11 @@ func xlCommand() *cli.Command {
 				"and destroy the domain, which cannot run without its device model.\n" +
 				"HVM guests find the vGPU by PCI enumeration (hvmloader places its BARs); a PVH guest\n" +
 				"has no such firmware, so the BARs are placed at --bars and printed for the guest\n" +
-				"(gpuvm guest --bars ...). pv domains can only use pvdrm, which this command does not\n" +
-				"start yet.",
+				"(gpuvm guest --bars ...).\n" +
+				"In mode pvdrm or pvdrm-pooling (any domain type; pv domains have no other) there is no\n" +
+				"device model: the aggregator creates the domain's pvdrm device in xenstore and serves its\n" +
+				"back end (the ring and the GART heap the guest grants; gpuvm guest --mode pvdrm in the\n" +
+				"guest is the front end), and this command watches the domain until it goes.",
 			Flags: []cli.Flag{
 				&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket"},
 				&cli.PathFlag{Name: "control-socket", Value: config.Default().Daemon.ControlSocket, Usage: "the aggregator's control socket"},
@@ -90,9 +94,6 @@ func readXLConfig(path string) (xlDomain, error) {
 	}
 	if !ok {
 		return xlDomain{}, fmt.Errorf("%s: no %s key: nothing for gpuvm to attach (add e.g. %s = \"mode=fv-optimized\")", path, xlcfg.Key, xlcfg.Key)
-	}
-	if v.Mode.IsPVDRM() {
-		return xlDomain{}, fmt.Errorf("%s: mode %s: the pvdrm back end on Xen is not started by gpuvm xl create yet; use a device-model mode", path, v.Mode)
 	}
 	d := xlDomain{vgpu: v, memory: 128 << 20} // xl's default
 	if s, ok := f.Get("memory"); ok {
@@ -143,7 +144,7 @@ func runXLCreate(c *cli.Context) error {
 		return usageError("--pci: %v", err)
 	}
 	var placeMem, placeIO uint64
-	if dom.vgpu.Type == "pvh" {
+	if dom.vgpu.Type == "pvh" && !dom.vgpu.Mode.IsPVDRM() {
 		if placeMem, placeIO, err = parseBars(c.String("bars")); err != nil {
 			return usageError("--bars: %v", err)
 		}
@@ -186,6 +187,9 @@ func runXLCreate(c *cli.Context) error {
 		destroy("the vGPU settings were not registered")
 		return &exitError{code: exitFailure, err: err}
 	}
+	if dom.vgpu.Mode.IsPVDRM() {
+		return runXLPVDRM(ctx, c, dom, uint32(domid), t0, say, destroy, log)
+	}
 	// The aggregator maps the domain's RAM up to the top of its memory;
 	// HVM guests have it a little higher (the VGA hole), and frames the
 	// domain does not populate become zero pages.
@@ -217,7 +221,6 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	errSignal := errors.New("signal")
 	go func() {
 		select {
 		case s := <-sigs:
@@ -283,6 +286,104 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 	}
 	destroy(fmt.Sprint(serr))
 	return &exitError{code: exitFailure, err: errors.Join(serr, cerr)}
+}
+
+// runXLPVDRM has the aggregator serve the pvdrm back end of domain domid
+// (created paused, its settings registered), unpauses the domain and waits
+// until it goes.
+func runXLPVDRM(ctx context.Context, c *cli.Context, dom xlDomain, domid uint32, t0 time.Time, say func(string, ...any), destroy func(string), log *slog.Logger) error {
+	socket := c.Path("control-socket")
+	body, _ := json.Marshal(host.XenPVDRMRequest{Name: dom.vgpu.Name})
+	if err := controlCall(ctx, socket, http.MethodPost, fmt.Sprintf("/v1/domains/%d/pvdrm", domid), body, http.StatusAccepted); err != nil {
+		destroy("no pvdrm back end")
+		return &exitError{code: exitFailure, err: err}
+	}
+	stopBack := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := controlCall(sctx, socket, http.MethodDelete, fmt.Sprintf("/v1/domains/%d/pvdrm", domid), nil, http.StatusOK); err != nil {
+			log.Debug("stop the pvdrm back end", "err", err)
+		}
+	}
+	say("pvdrm back end waiting for domain %d's front end (in the guest: gpuvm guest --mode %s)", domid, dom.vgpu.Mode)
+	if _, err := exec.CommandContext(ctx, c.String("xl"), "unpause", strconv.FormatUint(uint64(domid), 10)).CombinedOutput(); err != nil {
+		stopBack()
+		destroy("unpause failed")
+		return &exitError{code: exitFailure, err: fmt.Errorf("xl unpause %d: %w", domid, err)}
+	}
+	say("domain %d running (%.1fs after xl create); watching it until it goes", domid, time.Since(t0).Seconds())
+	err := waitDomainGone(ctx, domid, log)
+	stopBack()
+	if errors.Is(err, errSignal) {
+		destroy(err.Error())
+		return nil
+	}
+	if err != nil {
+		destroy(err.Error())
+		return &exitError{code: exitFailure, err: err}
+	}
+	say("domain %d is gone; its pvdrm back end stopped", domid)
+	return nil
+}
+
+// errSignal is how waitDomainGone says a signal asked to stop.
+var errSignal = errors.New("signal")
+
+// waitDomainGone blocks until domain domid is gone (goneAfter looks in a
+// row find its xenstore directory gone, which the toolstack removes as it
+// destroys it; nil) or SIGINT/SIGTERM (errSignal). (A dm_op, which
+// serveDomain also tries, fails on a PV domain.)
+func waitDomainGone(ctx context.Context, domid uint32, log *slog.Logger) error {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	xs, err := xenstore.Open()
+	if err != nil {
+		return fmt.Errorf("xenstore: %w", err)
+	}
+	defer xs.Close()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	key := fmt.Sprintf("/local/domain/%d/domid", domid)
+	for misses := 0; ; {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case s := <-sigs:
+			return fmt.Errorf("%w %v", errSignal, s)
+		case <-t.C:
+		}
+		if _, err := xs.Read(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+			misses = 0
+			continue
+		}
+		if misses++; misses >= goneAfter {
+			return nil
+		}
+		log.Warn("domain looks gone; looking again", "domid", domid, "look", misses)
+	}
+}
+
+// controlCall makes one control API request and wants status back.
+func controlCall(ctx context.Context, socket, method, path string, body []byte, want int) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://aggregator"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := controlClient(socket).Do(req)
+	if err != nil {
+		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve --xen", "--control-socket")
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != want {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
 }
 
 // putDomainSettings registers the vGPU settings of domid with the

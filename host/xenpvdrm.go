@@ -1,0 +1,239 @@
+package host
+
+// pvdrm back ends for Xen domains (docs/pvdrm.md §8): the daemon plays the
+// toolstack's part for its own device type (it creates the device's two
+// xenstore directories), waits for the guest's front end, places the
+// domain's vGPU on a board, maps the ring and the GART heap the guest
+// granted, and serves the ring until the front end closes or goes, the
+// vGPU is destroyed, or the domain goes. Then it waits for the next front
+// end of the same domain (a guest process that opens the device again).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/pvdrm"
+	"github.com/gpuvm/gpuvm/xen/xenbus"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
+)
+
+// XenPVDRMRequest asks for a Xen domain's pvdrm back end.
+type XenPVDRMRequest struct {
+	// Name is the domain's name (the vGPU's guest name).
+	Name string `json:"name"`
+	// DevID is the pvdrm device's id in the domain (default 0).
+	DevID uint32 `json:"devid"`
+}
+
+// How the back-end service paces itself.
+const (
+	// xenLook is how often a session looks at the front end's state and
+	// liveness byte, and the service at the domain's.
+	xenLook = 100 * time.Millisecond
+	// xenRetry is the least time between two sessions of one device: a
+	// front end that fails its handshake in a loop costs dom0 one attempt
+	// per xenRetry.
+	xenRetry = 500 * time.Millisecond
+)
+
+// ErrNoXen is returned when the daemon does not serve Xen domains.
+var ErrNoXen = errors.New("this daemon does not serve Xen domains (start it with gpuvm serve --xen)")
+
+// StartXenPVDRM starts the pvdrm back end of domain domid (mode pvdrm or
+// pvdrm-pooling, from the settings registered for it): it runs until the
+// domain goes, StopXenPVDRM, or the host closes. One per domain; the
+// daemon runs at most four per vGPU slot.
+func (h *Host) StartXenPVDRM(domid uint32, req XenPVDRMRequest) error {
+	if !h.opts.Xen {
+		return ErrNoXen
+	}
+	if domid == 0 || domid >= 0x7FF0 {
+		return fmt.Errorf("domain %d: not a guest domain", domid)
+	}
+	s, ok := h.pendingSettings(domid)
+	if !ok {
+		return fmt.Errorf("domain %d: no vGPU settings registered (PUT /v1/domains/%d first)", domid, domid)
+	}
+	if feat, err := aggregator.FeaturesFor(s.Mode); err != nil || !feat.PVDRM {
+		return fmt.Errorf("domain %d: mode %q is not a pvdrm mode", domid, s.Mode)
+	}
+	g := aggregator.Guest{DomID: domid, Name: req.Name, Mode: s.Mode}
+	if g.Name == "" {
+		g.Name = "domain-" + strconv.FormatUint(uint64(domid), 10)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return errors.New("the daemon is stopping")
+	}
+	if _, dup := h.xenPVDRM[domid]; dup {
+		return fmt.Errorf("domain %d: its pvdrm back end runs already", domid)
+	}
+	if max := 4 * len(h.Layout().Slots); len(h.xenPVDRM) >= max {
+		return fmt.Errorf("domain %d: %d pvdrm back ends run already (at most %d)", domid, len(h.xenPVDRM), max)
+	}
+	ctx, stop := context.WithCancel(h.bg)
+	h.xenPVDRM[domid] = stop
+	h.bgWait.Add(1)
+	go func() {
+		defer h.bgWait.Done()
+		log := h.log.With("domid", domid, "name", g.Name, "part", "xen pvdrm")
+		err := h.serveXenPVDRM(ctx, g, req.DevID, log)
+		log.Info("pvdrm back end ends", "reason", err)
+		h.mu.Lock()
+		delete(h.xenPVDRM, domid)
+		delete(h.pending, domid) // its settings go with the domain's device
+		h.mu.Unlock()
+		stop()
+	}()
+	return nil
+}
+
+// StopXenPVDRM stops domain domid's pvdrm back end (its vGPU is torn down).
+func (h *Host) StopXenPVDRM(domid uint32) bool {
+	h.mu.Lock()
+	stop, ok := h.xenPVDRM[domid]
+	h.mu.Unlock()
+	if ok {
+		stop()
+	}
+	return ok
+}
+
+// pendingSettings returns the settings registered for domid (they stay
+// registered: each session of the domain's back end uses them).
+func (h *Host) pendingSettings(domid uint32) (aggregator.DomainSettings, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.pending[domid]
+	return s, ok
+}
+
+// serveXenPVDRM runs one domain's device until ctx ends or the domain goes.
+func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint32, log *slog.Logger) error {
+	xs, err := xenstore.Open()
+	if err != nil {
+		return err
+	}
+	defer xs.Close()
+	self, err := xenbus.SelfDomid(ctx, xs)
+	if err != nil {
+		return err
+	}
+	dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(g.DomID), BackDomid: self, DevID: devID}
+	if err := xenbus.CreateDevice(ctx, xs, dev); err != nil {
+		return fmt.Errorf("create the pvdrm device: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := xenbus.RemoveDevice(rctx, xs, dev); err != nil {
+			log.Warn("remove the pvdrm device", "err", err)
+		}
+	}()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errGone := errors.New("the domain is gone")
+	go func() {
+		key := fmt.Sprintf("/local/domain/%d/domid", g.DomID)
+		for ctx.Err() == nil {
+			if _, err := xs.Read(ctx, key); errors.Is(err, fs.ErrNotExist) {
+				cancel(errGone)
+				return
+			}
+			sleepCtx(ctx, xenLook)
+		}
+	}()
+	log.Info("pvdrm device created; waiting for the guest's front end", "frontend", dev.FrontendPath())
+	for ctx.Err() == nil {
+		start := time.Now()
+		if err := h.xenPVDRMSession(ctx, xs, dev, g, log); err != nil && ctx.Err() == nil {
+			log.Warn("pvdrm session failed", "err", err)
+		}
+		// The next session waits for a front end that starts afresh (a
+		// crashed one leaves its keys and state behind).
+		for ctx.Err() == nil {
+			st, err := xs.Read(ctx, dev.FrontendPath()+"/state")
+			if err != nil || (st != strconv.Itoa(int(xenbus.StateInitialised)) && st != strconv.Itoa(int(xenbus.StateConnected))) {
+				break
+			}
+			sleepCtx(ctx, xenLook)
+		}
+		sleepCtx(ctx, xenRetry-time.Since(start))
+	}
+	return context.Cause(ctx)
+}
+
+// xenPVDRMSession serves one front end: handshake, placement, attach,
+// the ring, teardown.
+func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xenbus.Device, g aggregator.Guest, log *slog.Logger) error {
+	x, err := pvdrm.NewXenBack(ctx, pvdrm.XenBackConfig{Xenstore: xs, Device: dev, DevDir: h.opts.XenDevDir, GART: true, NoConnect: true})
+	if err != nil {
+		return err
+	}
+	b, d := h.Place(g)
+	if b == nil {
+		return errors.Join(fmt.Errorf("no board: %s", d.Reason), x.Close())
+	}
+	if s, ok := h.pendingSettings(g.DomID); ok {
+		if err := b.Agg.SetDomainSettings(g.DomID, s); err != nil {
+			return errors.Join(err, x.Close())
+		}
+	}
+	var maps int
+	be, err := b.Agg.AttachPVDRMMapped(g, x.GARTSize(), func(at unsafe.Pointer) (func() error, error) {
+		m, err := x.MapGART(at)
+		if err != nil {
+			return nil, err
+		}
+		maps = m.Maps
+		return m.Close, nil
+	}, x)
+	if err != nil {
+		return errors.Join(err, x.Close())
+	}
+	w := be.Welcome()
+	if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
+		return errors.Join(err, be.Close())
+	}
+	log.Info("pvdrm front end connected", "vgpu", w.VGPU, "board", b.Name, "gart_bytes", x.GARTSize(), "grant_maps", maps)
+	sctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	be.OnDestroy(func(reason string) { stop(errors.New(reason)) })
+	go func() {
+		for sctx.Err() == nil {
+			sleepCtx(sctx, xenLook)
+			if x.PeerGone() {
+				stop(errors.New("the front end's grant went away"))
+				return
+			}
+			if st, err := x.Xenbus().PeerState(sctx); err == nil && st != xenbus.StateConnected && st != xenbus.StateInitialised {
+				stop(fmt.Errorf("the front end is %v", st))
+				return
+			}
+		}
+	}()
+	serr := be.Serve(sctx)
+	log.Info("pvdrm front end gone", "vgpu", w.VGPU, "reason", context.Cause(sctx), "serve", serr)
+	return be.Close() // detaches the vGPU, unmaps the heap and the ring, closes the device's session
+}
+
+// sleepCtx sleeps d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,103 @@
+//go:build linux && (amd64 || arm64)
+
+package pvdrm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/xen/xenbus"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
+)
+
+// Keys the back end publishes with Connected on the xen transport: what
+// the local transport's Welcome carries.
+const (
+	xenKeyVGPU     = "vgpu"
+	xenKeyVRAMSize = "vram-size"
+	xenKeyChannels = "channels"
+)
+
+// xenPeerPoll is how often a front end looks at the back end's liveness
+// byte.
+const xenPeerPoll = 100 * time.Millisecond
+
+// XenWelcomeKeys are the keys a back end publishes with Connected.
+func XenWelcomeKeys(w ipc.Welcome) []xenbus.Extra {
+	return []xenbus.Extra{{Key: xenKeyVGPU, Value: uint64(w.VGPU)}, {Key: xenKeyVRAMSize, Value: w.VRAMSize}, {Key: xenKeyChannels, Value: uint64(w.Channels)}}
+}
+
+// XenDialConfig configures a front end on the xen transport (in a guest).
+type XenDialConfig struct {
+	// DevID is the pvdrm device (the toolstack created it; 0 by default).
+	DevID uint32
+	// Mode is pvdrm or pvdrm-pooling: pooling is asked for in the latter.
+	Mode string
+	// GARTSize is the GART heap granted to the back end, bytes (whole
+	// pages, at most MaxXenGARTPages of them).
+	GARTSize uint64
+	// RingPages is the ring's size in pages (default 1).
+	RingPages int
+	// DevDir is where the Xen devices are ("" is xen.DevDir).
+	DevDir string
+	Logger *slog.Logger
+}
+
+// DialXen connects a front end to its back end in dom0 over the xen
+// transport: the ring and the GART heap granted, the event channel, the
+// xenbus handshake; the back end says with Connected what it granted (the
+// Welcome's numbers). The guest's xenstore connection is opened here.
+func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
+	if cfg.GARTSize == 0 || cfg.GARTSize%pageSize != 0 || cfg.GARTSize/pageSize > MaxXenGARTPages {
+		return nil, fmt.Errorf("pvdrm xen: GART heap of %d bytes: want whole pages, at most %d MiB", cfg.GARTSize, MaxXenGARTPages*pageSize>>20)
+	}
+	xs, err := xenstore.Open()
+	if err != nil {
+		return nil, fmt.Errorf("pvdrm xen: %w", err)
+	}
+	domid, err := xenbus.SelfDomid(ctx, xs)
+	if err != nil {
+		return nil, errors.Join(err, xs.Close())
+	}
+	x, err := NewXenFront(ctx, XenFrontConfig{Xenstore: xs, Domid: domid, DevID: cfg.DevID, Pages: max(cfg.RingPages, 1),
+		DevDir: cfg.DevDir, GARTPages: int(cfg.GARTSize / pageSize)})
+	if err != nil {
+		return nil, errors.Join(err, xs.Close())
+	}
+	w, err := x.Xenbus().ReadPeer(ctx, xenbus.ExtraKey{Key: xenKeyVGPU, Lo: 0, Hi: 1 << 31},
+		xenbus.ExtraKey{Key: xenKeyVRAMSize, Lo: 1, Hi: 1 << 40}, xenbus.ExtraKey{Key: xenKeyChannels, Lo: 1, Hi: 1 << 16})
+	if err != nil {
+		return nil, errors.Join(err, x.Close(), xs.Close())
+	}
+	fe = &FrontEnd{xs: xs, welcome: ipc.Welcome{VGPU: uint32(w[xenKeyVGPU]), VRAMSize: w[xenKeyVRAMSize], Channels: uint32(w[xenKeyChannels])}}
+	var features uint64 = FeatureYield
+	if cfg.Mode == "pvdrm-pooling" {
+		features |= FeaturePooling
+	}
+	if fe.Client, err = Connect(ctx, x, features); err != nil {
+		return nil, errors.Join(err, x.Close(), xs.Close())
+	}
+	fe.Shares = NewXenShares(x.GART())
+	// The back end's mapping going (its vGPU destroyed, the daemon gone)
+	// fails what waits, as the local transport's goodbye does.
+	go func() {
+		t := time.NewTicker(xenPeerPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-fe.Client.done:
+				return
+			case <-t.C:
+				if x.PeerGone() {
+					fe.Client.Abort(errors.New("pvdrm xen: the back end let go of the ring"))
+					return
+				}
+			}
+		}
+	}()
+	return fe, nil
+}
