@@ -115,6 +115,11 @@ type XenFrontConfig struct {
 	// GARTPages, if not 0, is the size of the GART heap the front end
 	// grants the back end (pages of 4 KiB, at most MaxXenGARTPages).
 	GARTPages int
+	// Forge, for isolation tests, has the front end publish what a hostile
+	// guest would: it may rewrite the GART directory pages (dir) and
+	// returns the keys published with the ring in place of extra. The back
+	// end must refuse whatever is wrong.
+	Forge func(dir []byte, extra []xenbus.Extra) []xenbus.Extra
 }
 
 // XenFront is the front end (guest) of the xen transport. Notify and Wait
@@ -188,6 +193,9 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 			return err
 		}
 		extra = x.gart.Keys()
+		if cfg.Forge != nil {
+			extra = cfg.Forge(x.gart.dir.Mem(), extra)
+		}
 	}
 	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port(), extra...); err != nil {
 		return err

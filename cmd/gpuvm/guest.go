@@ -86,6 +86,7 @@ func guestCommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-fill", Usage: "clear objects word by word, one trap per word, instead of one REP STOSL per up to 4096 words"},
 			&cli.StringFlag{Name: "gart-size", Value: "32MiB", Usage: "pvdrm modes: the GART heap granted to dom0 (the guest's gntalloc must allow that many pages: its module parameter limit, 1024 by default)"},
 			&cli.UintFlag{Name: "devid", Usage: "pvdrm modes: the pvdrm device's id in xenstore"},
+			&cli.StringFlag{Name: "attack", Usage: "pvdrm modes, an isolation test: act as a hostile front end (" + strings.Join(pvdrmAttackNames(), ", ") + ") and exit 0 only if the back end refuses it"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "pvdrm modes: where gntalloc and evtchn are"},
 			&cli.DurationFlag{Name: "connect-timeout", Value: time.Minute, Usage: "pvdrm modes: how long to wait for the back end (gpuvm serve --xen in dom0)"},
 		},
@@ -147,6 +148,9 @@ func parseGuestFlags(c *cli.Context) (*guestFlags, error) {
 			return nil, usageError("%v", err)
 		}
 		f.work = append(f.work, w)
+	}
+	if c.IsSet("attack") && !pvdrmMode {
+		return nil, usageError("--attack: the attacks are on the pvdrm back end; give --mode pvdrm or pvdrm-pooling")
 	}
 	if pvdrmMode {
 		for _, name := range []string{"dma", "bars", "pci", "enable", "no-fill"} {
@@ -292,6 +296,9 @@ func runGuest(c *cli.Context) (err error) {
 		return err
 	}
 	if config.Mode(f.mode).IsPVDRM() {
+		if c.IsSet("attack") {
+			return runGuestAttack(c, f, c.String("attack"))
+		}
 		return runGuestPVDRM(c, f)
 	}
 	bars, err := openGuestBARs(c, f)
