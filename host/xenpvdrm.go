@@ -187,13 +187,13 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 			return errors.Join(err, x.Close())
 		}
 	}
-	var maps int
+	var gart *pvdrm.XenGARTMapping
 	be, err := b.Agg.AttachPVDRMMapped(g, x.GARTSize(), func(at unsafe.Pointer) (func() error, error) {
 		m, err := x.MapGART(at)
 		if err != nil {
 			return nil, err
 		}
-		maps = m.Maps
+		gart = m
 		return m.Close, nil
 	}, x)
 	if err != nil {
@@ -203,7 +203,8 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 	if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
 		return errors.Join(err, be.Close())
 	}
-	log.Info("pvdrm front end connected", "vgpu", w.VGPU, "board", b.Name, "gart_bytes", x.GARTSize(), "grant_maps", maps)
+	// Grant mappings: the ring's (one, of its pages) and the GART heap's.
+	log.Info("pvdrm front end connected", "vgpu", w.VGPU, "board", b.Name, "gart_bytes", x.GARTSize(), "grant_maps", 1+gart.Maps)
 	sctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	be.OnDestroy(func(reason string) { stop(errors.New(reason)) })
@@ -221,8 +222,10 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		}
 	}()
 	serr := be.Serve(sctx)
-	log.Info("pvdrm front end gone", "vgpu", w.VGPU, "reason", context.Cause(sctx), "serve", serr)
-	return be.Close() // detaches the vGPU, unmaps the heap and the ring, closes the device's session
+	cerr := be.Close() // detaches the vGPU, unmaps the heap and the ring, closes the device's session
+	log.Info("pvdrm front end gone", "vgpu", w.VGPU, "reason", context.Cause(sctx), "serve", serr,
+		"grant_maps", 1+gart.Maps, "grant_unmaps", 1+gart.Unmaps)
+	return cerr
 }
 
 // sleepCtx sleeps d or until ctx is done.

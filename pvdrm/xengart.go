@@ -172,8 +172,9 @@ func XenGARTKeys() []xenbus.ExtraKey {
 type XenGARTMapping struct {
 	gnt    *xen.Gntdev // closed with the mapping, if set
 	chunks []*xen.GrantMapping
-	// Maps counts the grant mappings made (directory pages and chunks).
-	Maps int
+	// Maps counts the grant mappings made (directory pages and chunks),
+	// Unmaps those ended (each directory page at once, the chunks by Close).
+	Maps, Unmaps int
 }
 
 // MapXenGART reads the directory of the heap domain front published (its
@@ -197,6 +198,7 @@ func MapXenGART(gnt *xen.Gntdev, front uint16, dirRef uint32, pages int, at unsa
 		if err := d.Close(); err != nil {
 			return nil, err
 		}
+		m.Unmaps++
 		next, got, err := parseGARTDirPage(page[:], pages-len(refs))
 		if err != nil {
 			return nil, fmt.Errorf("pvdrm xen: GART directory page %d: %w", ref, err)
@@ -228,6 +230,7 @@ func (m *XenGARTMapping) Close() error {
 	var errs []error
 	for _, c := range m.chunks {
 		errs = append(errs, c.Close())
+		m.Unmaps++
 	}
 	m.chunks = nil
 	if m.gnt != nil {
