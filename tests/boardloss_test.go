@@ -65,6 +65,12 @@ func TestBoardFallsOffTheBus(t *testing.T) {
 	if lost, why := b.agg.Lost(); !lost || !strings.Contains(why, "fell off the bus") {
 		t.Fatalf("board b: Lost() = %v %q", lost, why)
 	}
+	// The victim's process has ended; its connection's end reaches the
+	// aggregator a moment later (under -race, a long one), and the lost
+	// vGPU goes with it.
+	for wait := time.Now().Add(30 * time.Second); (len(b.agg.VGPUs()) != 0 || reg.Len() != 1) && time.Now().Before(wait); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := len(b.agg.VGPUs()); n != 0 {
 		t.Errorf("board b still has %d vGPUs", n)
 	}

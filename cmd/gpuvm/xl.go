@@ -393,18 +393,8 @@ func putDomainSettings(ctx context.Context, socket string, domid uint32, s aggre
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://aggregator/v1/domains/"+strconv.FormatUint(uint64(domid), 10), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	resp, err := controlClient(socket).Do(req)
-	if err != nil {
-		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve --xen", "--control-socket")
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("the aggregator refused the vGPU settings of domain %d: %s: %s", domid, resp.Status, strings.TrimSpace(string(msg)))
+	if err := controlCall(ctx, socket, http.MethodPut, "/v1/domains/"+strconv.FormatUint(uint64(domid), 10), body, http.StatusOK); err != nil {
+		return fmt.Errorf("register the vGPU settings of domain %d: %w", domid, err)
 	}
 	return nil
 }
