@@ -28,17 +28,24 @@ func TestPVDRMYieldNeedsFeature(t *testing.T) {
 	ch := rsp.Results["channel"]
 	nop := []uint32{nvc0.Incr(nouveau.SubcCompute, nvc0.MthdSetObject, 1), nvc0.ClassFermiCompute}
 	pb := g.pushbuf(t, f, nop)
-	before := agg.DispatchStats().Completed
+	// Doorbells, not completions: the channel's set-up may still be
+	// completing asynchronously, but a submission rings its doorbell
+	// before its request is answered.
+	bells := func() uint64 { return g.b.VGPU().Counters().Doorbells }
+	before := bells()
 	push := func(flags uint32) int32 {
 		_, st := g.do(t, pvdrm.Request{Op: pvdrm.OpPushbuf, File: f, Args: map[string]uint64{"channel": ch}, Buffers: []uint32{pb},
 			Push: []pvdrm.PushEntry{{Handle: pb, Length: 8, Flags: flags}, {Handle: pb, Length: 8}}})
 		return st
 	}
 	expect(t, "PushYield without FeatureYield", push(pvdrm.PushYield), -pvdrm.EINVAL)
-	if agg.DispatchStats().Completed != before {
+	if bells() != before {
 		t.Error("a refused PUSHBUF reached the GPU")
 	}
 	expect(t, "the same PUSHBUF unflagged", push(0), 0)
+	if bells() == before {
+		t.Error("the accepted PUSHBUF rang no doorbell: the check above proves nothing")
+	}
 	if agg.DispatchStats().Splits != 0 {
 		t.Errorf("splits = %d without points", agg.DispatchStats().Splits)
 	}
