@@ -39,8 +39,8 @@ const (
 var ErrChannelBusy = errors.New("sim: channel is not idle")
 
 // SaveChannelState returns the state image of channel ch, which must be
-// idle: disabled (or preempted) with no run in progress and no work
-// pending. Whatever the board would keep in RAMFC and the engine context
+// idle: disabled (or preempted) with no run in progress, and no work
+// pending unless it is disabled. Whatever the board would keep in RAMFC and the engine context
 // images is in it.
 func (b *Board) SaveChannelState(ch int) ([]uint32, error) {
 	if !b.enter() {
@@ -56,7 +56,13 @@ func (b *Board) SaveChannelState(ch int) ([]uint32, error) {
 	c := b.chans[ch]
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.running || c.preempting || c.pending {
+	// A disabled channel whose doorbell came after its stop (a guest that
+	// rings through a passed-through user-area page, as a hostile one may
+	// at any moment) holds work not yet fetched, not work in progress:
+	// GP_GET in the image says where the GPU stopped, and the host rings
+	// again after the restore for the entries its guest put past it.
+	enabled := c.ctl&nvc0.ChanCtlEnable != 0
+	if c.running || c.preempting || (c.pending && enabled) {
 		return nil, fmt.Errorf("sim: save channel %d: %w", ch, ErrChannelBusy)
 	}
 	img := make([]uint32, 0, chanImageWords)

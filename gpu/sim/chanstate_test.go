@@ -178,3 +178,37 @@ func TestStopOfAFinishingRun(t *testing.T) {
 		t.Errorf("save of the stopped channel: %v", err)
 	}
 }
+
+// TestSaveStoppedChannelWithALateDoorbell: a channel is stopped (disabled
+// and preempted, a move's stop) and then its doorbell rings again — a guest
+// writing the user area directly. Its state still saves, with GP_GET where
+// the GPU stopped (the late entry not fetched), and the image runs the
+// late entry once restored and rung again. (Refusing it destroyed a
+// hostile VM's vGPU in the middle of an eviction.)
+func TestSaveStoppedChannelWithALateDoorbell(t *testing.T) {
+	r := newRig(t)
+	c := r.newChan(3, nil)
+	sem := c.semPage()
+	c.push(semRelease(chanDataVA, 1)...)
+	c.mustFinish()
+	r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id)), 0)
+	r.b.Write32(nvc0.BAR0, nvc0.RegPreempt, uint32(c.id))
+	for deadline := time.Now().Add(time.Minute); r.b.Read32(nvc0.BAR0, nvc0.RegPreempt)&nvc0.PreemptPending != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the preempt never completed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done := c.gpGet()
+	c.push(semRelease(chanDataVA, 2)...) // rings the doorbell of the stopped channel
+	img, err := r.b.SaveChannelState(c.id)
+	if err != nil {
+		t.Fatalf("save of a stopped channel with a late doorbell: %v", err)
+	}
+	if img[2] != done {
+		t.Fatalf("saved GP_GET %d, want %d (where the GPU stopped)", img[2], done)
+	}
+	if got := r.r32(sem); got != 1 {
+		t.Fatalf("the stopped channel ran the late entry: semaphore %d", got)
+	}
+}
