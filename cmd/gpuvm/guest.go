@@ -368,16 +368,22 @@ func guestRun(c *cli.Context, f *guestFlags, bars guestBARs, dma nouveau.HostMem
 		results = rep.Results
 	}
 	progress.done()
+	return writeGuestReport(c, rep)
+}
+
+// writeGuestReport prints the results (a table, or JSON with --json) and
+// fails unless every one verified.
+func writeGuestReport(c *cli.Context, rep bench.Report) error {
 	if c.Bool("json") {
 		list := rep.Results
 		if list == nil {
 			list = []bench.Result{}
 		}
-		if jerr := writeJSONList(c, list); jerr != nil {
-			return jerr
+		if err := writeJSONList(c, list); err != nil {
+			return err
 		}
-	} else if terr := bench.WriteTable(c.App.Writer, rep); terr != nil {
-		return terr
+	} else if err := bench.WriteTable(c.App.Writer, rep); err != nil {
+		return err
 	}
 	for _, r := range rep.Results {
 		if !r.Verified {

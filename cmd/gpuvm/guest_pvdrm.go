@@ -53,23 +53,7 @@ func runGuestPVDRM(c *cli.Context, f *guestFlags) (err error) {
 		rep.Results = append(rep.Results, res)
 	}
 	progress.done()
-	if c.Bool("json") {
-		list := rep.Results
-		if list == nil {
-			list = []bench.Result{}
-		}
-		if err := writeJSONList(c, list); err != nil {
-			return err
-		}
-	} else if err := bench.WriteTable(c.App.Writer, rep); err != nil {
-		return err
-	}
-	for _, r := range rep.Results {
-		if !r.Verified {
-			return &exitError{code: exitFailure, err: firstFailure(rep.Results)}
-		}
-	}
-	return nil
+	return writeGuestReport(c, rep)
 }
 
 // pvdrmRingRoundTrip times n GETPARAM requests on a file of their own.
