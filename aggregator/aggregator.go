@@ -133,6 +133,9 @@ type Aggregator struct {
 	// parked holds the vGPUs evicted from the board, by id: attached, with
 	// no slot (evict.go).
 	parked map[int]*VGPU
+	// restores holds state images waiting for their domains' device
+	// models (restore.go).
+	restores map[uint32]*pendingRestore
 	// rehome chooses another board for a parked vGPU of this board when
 	// the board is lost (SetRehome; nil: none).
 	rehome func(*VGPU) *Aggregator
@@ -171,7 +174,7 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 	}
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget, reg: opts.Registry,
 		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{}, parked: map[int]*VGPU{},
-		stopped: make(chan struct{})}
+		restores: map[uint32]*pendingRestore{}, stopped: make(chan struct{})}
 	a.faults = newPhysFaults(g, opts.Logger)
 	a.fecs = fecsCommands()
 	a.disp = newDispatcher(a, opts.Policy, opts.Watchdog)
@@ -231,6 +234,9 @@ func (a *Aggregator) Attach(g Guest, ramFile *os.File, ramSize uint64) (*VGPU, e
 func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
 	if lost, why := a.Lost(); lost {
 		return nil, fmt.Errorf("attach %s (domid %d): %w: %s", g.Name, g.DomID, ErrBoardLost, why)
+	}
+	if img := a.takeRestore(g.DomID); img != nil {
+		return a.attachRestored(g, img, mapRAM) // restore.go
 	}
 	id, err := a.reg.claim(g)
 	if err != nil {
@@ -381,6 +387,11 @@ func (a *Aggregator) Close() error {
 	for _, v := range a.VGPUs() {
 		errs = append(errs, a.Detach(v))
 	}
+	a.mu.Lock()
+	for d := range a.restores {
+		a.dropRestoreLocked(d)
+	}
+	a.mu.Unlock()
 	a.stop()
 	<-a.stopped
 	a.disp.stops.Wait()

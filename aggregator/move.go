@@ -530,6 +530,13 @@ func (v *VGPU) rebuild(src *Aggregator, imgs [][]uint32, pv *pvImage) (gets []in
 		if c.sh.Dirty() {
 			_ = c.sh.Refresh()
 		}
+		if !c.sh.Valid() {
+			// As an enable would (setChannelCtl): a channel whose shadow
+			// is not valid never starts. A running channel's always is;
+			// a state image's is checked here.
+			errs = append(errs, fmt.Errorf("channel %d: its instance is not valid: %v", i, c.sh.Err()))
+			continue
+		}
 		v.startChannel(i)
 		c.put = put
 		if err := restorer.RestoreChannelState(v.phys(i), imgs[i]); err != nil {

@@ -49,6 +49,9 @@ type regHandler struct {
 	write func(v *VGPU, off uint32, val uint32)
 	vis   visibility
 	why   string
+	// plain: the register is plain per-VM storage (emulated): a state
+	// image may carry its value (stateimage.go).
+	plain bool
 }
 
 type rangeHandler struct {
@@ -80,7 +83,7 @@ func constant(c uint32) func(*VGPU, uint32) uint32 { return func(*VGPU, uint32) 
 func physRead(v *VGPU, off uint32) uint32          { return v.agg.gpu.Read32(nvc0.BAR0, uint64(off)) }
 
 // emulated is plain per-VM storage.
-var emulated = regHandler{class: regEmulated, read: emuRead, write: emuWrite, vis: visOwn}
+var emulated = regHandler{class: regEmulated, read: emuRead, write: emuWrite, vis: visOwn, plain: true}
 
 // fixed is a read-only register holding a constant of the board model.
 func fixed(c uint32) regHandler {

@@ -28,7 +28,7 @@ func sample(pv bool) *Image {
 			Objects:  []PVObject{{Handle: 1, Kind: KindPageDir}, {Handle: 3, Kind: KindLargeTable, In: 1, PDE: 2, Entries: entries}},
 			Bindings: []PVBinding{{RAMIN: 0x10000, PD: 1}},
 			BAR1:     make([]uint64, 8), BAR3: make([]uint64, 8),
-			HC:       Hypercall{Slots: []HCSlot{{Index: 0, GPA: 0x3000}}, Sel: 0, Lo: 0x3001, N: 9}}
+			HC: Hypercall{Slots: []HCSlot{{Index: 0, GPA: 0x3000}}, Sel: 0, Lo: 0x3001, N: 9}}
 	}
 	return m
 }

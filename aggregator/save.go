@@ -1,0 +1,228 @@
+package aggregator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/gpuvm/gpuvm/config"
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/vgpuimage"
+)
+
+// Saving a vGPU as a state image (docs/protocol.md §13, issue 18). The
+// vGPU is parked by the eviction path — its work in flight ends (a
+// submission boundary), its channels stop and their state is saved, its
+// VRAM in use is copied off the board — and its state, which a parked
+// vGPU keeps in the daemon's memory, is written as an image: the
+// guest-visible registers and channels, the PV tables, the scheduler
+// account, the VRAM pages. Nothing of another VM is in it: the pages are
+// its own slot's, the rest is its own control block. Once the image is
+// written the vGPU is destroyed (its device model gets a Bye saying it was
+// saved), unless the caller keeps it: then it stays parked and its
+// guest's next access brings it back on this board. An image that could
+// not be written leaves it parked either way.
+
+// ErrSaveUnsupported is returned for a vGPU whose state cannot be saved:
+// a pvdrm vGPU, whose back end's open files, GEM objects and pooled
+// buffers are in the back-end driver's memory and not serialized yet.
+var ErrSaveUnsupported = errors.New("saving this vGPU's state is not supported")
+
+// SaveReason is the Bye a saved vGPU's device model gets.
+const SaveReason = "vGPU saved to a state image (gpuvm vgpu save); it resumes where the image is restored"
+
+// SaveStats describes one save.
+type SaveStats struct {
+	// Bytes is the VRAM in the image; Pause how long the eviction
+	// paused the guest; Took the whole save, writing included.
+	Bytes       uint64
+	Pause, Took time.Duration
+}
+
+// Save parks v, writes its state image to w and then destroys it — or,
+// with keep, leaves it parked. ctx bounds the wait for its work in flight.
+func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, error) {
+	start := time.Now()
+	var st SaveStats
+	if config.Mode(v.Guest.Mode).IsPVDRM() {
+		return st, fmt.Errorf("save vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	}
+	cur, _ := v.where()
+	ev, err := cur.Evict(ctx, v, "saving its state")
+	if err != nil {
+		return st, fmt.Errorf("save: %w", err)
+	}
+	st.Pause = ev.Took
+	// No restore while the image is taken and written: the guest waits.
+	v.restoreMu.Lock()
+	img, err := v.capture()
+	v.restoreMu.Unlock()
+	if err != nil {
+		return st, fmt.Errorf("save vGPU %d: %w", v.ID, err)
+	}
+	defer img.Scrub()
+	st.Bytes = img.Bytes()
+	if err := vgpuimage.Encode(w, img); err != nil {
+		return st, fmt.Errorf("save vGPU %d: writing the image: %w (the vGPU stays parked)", v.ID, err)
+	}
+	st.Took = time.Since(start)
+	v.logger().Info("vGPU saved", "bytes", st.Bytes, "pause", st.Pause, "took", st.Took, "keep", keep)
+	if keep {
+		return st, nil
+	}
+	cur, _ = v.where()
+	return st, cur.Destroy(v, SaveReason)
+}
+
+// capture copies parked v's state into an image. Called with
+// v.restoreMu held.
+func (v *VGPU) capture() (*vgpuimage.Image, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.dead {
+		return nil, ErrDetached
+	}
+	if v.image == nil {
+		return nil, errors.New("not parked")
+	}
+	m := &vgpuimage.Image{Identity: vgpuimage.Identity{
+		Mode: v.Guest.Mode, Profile: v.profile, Name: v.Guest.Name, DomID: v.Guest.DomID,
+		RAM: uint64(len(v.ram)), VRAM: v.Slot.VRAM.Size, Channels: uint32(len(v.chans)),
+		BAR1: v.Slot.BAR1.Size, BAR3: v.Slot.BAR3.Size, PV: v.feat.PV,
+	}}
+	offs := make([]uint32, 0, len(v.emu))
+	for off := range v.emu {
+		if v.agg.imageReg(off) {
+			offs = append(offs, off)
+		}
+	}
+	slices.Sort(offs)
+	for _, off := range offs {
+		m.Regs = append(m.Regs, vgpuimage.Reg{Off: off, Val: v.emu[off]})
+	}
+	for i, c := range v.chans {
+		ch := vgpuimage.Chan{Inst: c.inst, Ctl: c.ctl, Put: c.put, Enabled: c.enabled, Listed: c.listed, Killed: c.killed}
+		if i < len(v.image.chans) && v.image.chans[i] != nil {
+			ch.State = slices.Clone(v.image.chans[i])
+		}
+		m.Chans = append(m.Chans, ch)
+	}
+	if v.feat.PV {
+		m.PV = v.capturePV()
+	}
+	if acc := v.leftAccount; acc != nil && acc.v == v {
+		m.Account = vgpuimage.Account{Submissions: acc.submissions, GPUTimeNs: uint64(acc.gpuTime), QueueWaitNs: uint64(acc.queueWait),
+			Released: acc.released, SLOViolations: acc.slo.violations, SLOBoosted: acc.slo.boosted, Waits: slices.Clone(acc.waits[:])}
+	}
+	for _, p := range v.image.pages {
+		m.Pages = append(m.Pages, vgpuimage.Page{Off: p.off, Data: slices.Clone(p.data)})
+	}
+	return m, nil
+}
+
+// capturePV is a parked PV vGPU's tables, apertures and hypercall window.
+// Called with v.mu held.
+func (v *VGPU) capturePV() *vgpuimage.PV {
+	p := &vgpuimage.PV{}
+	if pv := v.image.pv; pv != nil {
+		p.BAR1, p.BAR3 = slices.Clone(pv.bars[0]), slices.Clone(pv.bars[1])
+		if t := pv.tables; t != nil {
+			p.Next = t.Next
+			for _, o := range t.Objects {
+				p.Objects = append(p.Objects, vgpuimage.PVObject{Handle: o.Handle, Kind: uint8(o.Kind), In: o.In, PDE: uint32(o.PDE), Entries: slices.Clone(o.Entries)})
+			}
+			for ramin, pd := range t.Bindings {
+				p.Bindings = append(p.Bindings, vgpuimage.PVBinding{RAMIN: ramin, PD: pd})
+			}
+			slices.SortFunc(p.Bindings, func(a, b vgpuimage.PVBinding) int { return cmp.Compare(a.RAMIN, b.RAMIN) })
+		}
+	}
+	if h := v.hc; h != nil {
+		for i, used := range h.used {
+			if used {
+				p.HC.Slots = append(p.HC.Slots, vgpuimage.HCSlot{Index: uint32(i), GPA: h.slots[i]})
+			}
+		}
+		p.HC.Sel, p.HC.Lo, p.HC.Hi, p.HC.Status, p.HC.Last, p.HC.N = h.sel, h.lo, h.hi, uint32(h.status), uint32(h.last), h.calls
+	}
+	return p
+}
+
+// replayedRegs are the registers besides plain storage that an image
+// carries: their derived state is re-applied through the guest's own
+// write path at a restore (the PRAMIN window and poll area through their
+// handlers, the BAR instances through the rebuild's setInst).
+var replayedRegs = []uint32{nvc0.RegPRAMINWindow, nvc0.RegPollArea, nvc0.RegBAR1Inst, nvc0.RegBAR3Inst}
+
+// imageReg reports whether a state image may carry register off: plain
+// per-VM storage in a's register table, or one of replayedRegs.
+func (a *Aggregator) imageReg(off uint32) bool {
+	if slices.Contains(replayedRegs, off) {
+		return true
+	}
+	h, ok := a.regs.exact[off]
+	return ok && h.plain
+}
+
+// serveSave answers POST /v1/vgpus/{id}/save: 200 with the image as the
+// body (application/octet-stream) and the vGPU destroyed once it is
+// written — kept parked with ?keep=1 —, 404 for no such vGPU, 501 for one
+// that cannot be saved, 409 when its work in flight did not end in time,
+// 500 otherwise. Headers go out only once the vGPU is parked, so an error
+// before that is a JSON answer; an error while streaming cuts the stream
+// short (the client's decoder finds it truncated) and leaves the vGPU
+// parked.
+func (a *Aggregator) serveSave(w http.ResponseWriter, r *http.Request) {
+	v := a.lookup(r.PathValue("id"))
+	if v == nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
+		return
+	}
+	keep := r.URL.Query().Get("keep") == "1"
+	cur, _ := v.where()
+	ctx, cancel := context.WithTimeout(r.Context(), cur.opts.Timeout)
+	defer cancel()
+	sw := &lazyHeader{w: w}
+	_, err := cur.Save(ctx, v, sw, keep)
+	switch {
+	case err == nil:
+		if !sw.started {
+			sw.start()
+		}
+	case sw.started:
+		a.log.Warn("save: image cut short", "vgpu", v.ID, "err", err)
+	case errors.Is(err, ErrSaveUnsupported), errors.Is(err, ErrMoveUnsupported):
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
+	case errors.Is(err, ErrDetached):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	case errors.Is(err, context.DeadlineExceeded):
+		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+	default:
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+	}
+}
+
+// lazyHeader sends the 200 and content type with the first byte of the
+// image.
+type lazyHeader struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (l *lazyHeader) start() {
+	l.started = true
+	l.w.Header().Set("Content-Type", "application/octet-stream")
+	l.w.WriteHeader(http.StatusOK)
+}
+
+func (l *lazyHeader) Write(p []byte) (int, error) {
+	if !l.started {
+		l.start()
+	}
+	return l.w.Write(p)
+}
