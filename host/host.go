@@ -199,6 +199,9 @@ func (h *Host) serve(ctx context.Context, p *ipc.Pending) {
 // and refused only when none takes it.
 func (h *Host) serveOn(ctx context.Context, p *ipc.Pending, g aggregator.Guest, place func(aggregator.Guest) (*Board, Decision), tried map[*Board]bool) bool {
 	b, d := place(g)
+	if r := h.restoreBoard(g.DomID); r != nil && tried == nil {
+		b = r // its state image waits there (restore.go)
+	}
 	if b == nil {
 		if tried == nil { // the first choice: refuse here; a retry lets the first board refuse
 			h.log.Warn("refused: no board", "domid", g.DomID, "name", g.Name, "reason", d.Reason)

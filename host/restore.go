@@ -1,0 +1,74 @@
+package host
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/vgpuimage"
+)
+
+// serveRestore answers POST /v1/domains/{domid}/restore on a host of
+// several boards: the image is read whole (bounded as the largest board
+// bounds it), decoded and checked, and registered on the first board whose
+// slots it fits; the domain's device model is then placed on that board.
+// 400 with the reason when it is refused (nothing registered).
+func (h *Host) serveRestore(w http.ResponseWriter, r *http.Request) {
+	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
+		return
+	}
+	var limit int64
+	for _, b := range h.boards {
+		limit = max(limit, b.Agg.MaxImageBytes())
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "image: " + err.Error()})
+		return
+	}
+	info, err := h.RegisterRestore(uint32(domid), body)
+	clear(body)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// RegisterRestore registers image for domain domid on the first board
+// that takes it, after dropping any image already waiting for the domain.
+func (h *Host) RegisterRestore(domid uint32, image []byte) (aggregator.RestoreInfo, error) {
+	img, err := vgpuimage.Decode(bytes.NewReader(image))
+	if err != nil {
+		return aggregator.RestoreInfo{}, fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
+	}
+	img.Scrub() // each board decodes its own copy
+	for _, b := range h.boards {
+		b.Agg.ForgetRestore(domid)
+	}
+	var errs []error
+	for _, b := range h.boards {
+		info, err := b.Agg.RegisterRestore(domid, bytes.NewReader(image))
+		if err == nil {
+			return info, nil
+		}
+		errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+	}
+	return aggregator.RestoreInfo{}, errors.Join(errs...)
+}
+
+// restoreBoard is the board an image for domid waits on (nil: none).
+func (h *Host) restoreBoard(domid uint32) *Board {
+	for _, b := range h.boards {
+		if b.Agg.HasRestore(domid) {
+			return b
+		}
+	}
+	return nil
+}
