@@ -238,6 +238,9 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	if img := a.takeRestore(g.DomID); img != nil {
 		return a.attachRestored(g, img, mapRAM) // restore.go
 	}
+	if g.Resume {
+		return nil, NoImageError(g.DomID)
+	}
 	id, err := a.reg.claim(g)
 	if err != nil {
 		return nil, fmt.Errorf("attach %s (domid %d): %w", g.Name, g.DomID, err)

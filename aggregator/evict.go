@@ -259,6 +259,14 @@ func (v *VGPU) ensureResident() error {
 	if !v.evicted.Load() {
 		return nil
 	}
+	v.mu.Lock()
+	dead := v.dead
+	v.mu.Unlock()
+	if dead {
+		// Torn down while parked (saved, destroyed): nothing to make
+		// room for; the caller finds it dead.
+		return nil
+	}
 	a, _ := v.where()
 	if ok, _ := v.Lost(); ok {
 		return fmt.Errorf("restore vGPU %d: %w", v.ID, ErrDeviceLost)

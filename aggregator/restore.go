@@ -15,6 +15,7 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/hypercall"
 	"github.com/gpuvm/gpuvm/internal/ratelog"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/shadow"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
@@ -201,6 +202,13 @@ func (a *Aggregator) HasRestore(domid uint32) bool {
 	defer a.mu.Unlock()
 	_, ok := a.restores[domid]
 	return ok
+}
+
+// NoImageError is why a resuming device model (Guest.Resume) of domain
+// domid is refused while no image waits for it: its text begins
+// ipc.RejectNoImage, which tells the device model to try again.
+func NoImageError(domid uint32) error {
+	return fmt.Errorf("%sno vGPU state image waits for domain %d here (gpuvm vgpu restore --domid %d FILE)", ipc.RejectNoImage, domid, domid)
 }
 
 // takeRestore removes and returns the image waiting for domid (nil: none).

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
@@ -33,8 +34,10 @@ import (
 // buffers are in the back-end driver's memory and not serialized yet.
 var ErrSaveUnsupported = errors.New("saving this vGPU's state is not supported")
 
-// SaveReason is the Bye a saved vGPU's device model gets.
-const SaveReason = "vGPU saved to a state image (gpuvm vgpu save); it resumes where the image is restored"
+// SaveReason is the Bye a saved vGPU's device model gets. It begins
+// ipc.ByeSaved: the device model may keep its guest and come back with a
+// resuming Hello where the image is restored (docs/protocol.md §13.7).
+const SaveReason = ipc.ByeSaved + "vGPU saved to a state image (gpuvm vgpu save); it resumes where the image is restored"
 
 // SaveStats describes one save.
 type SaveStats struct {
@@ -52,16 +55,26 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 	if config.Mode(v.Guest.Mode).IsPVDRM() {
 		return st, fmt.Errorf("save vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
 	}
+	// No restore from the moment it is parked until it is destroyed (or,
+	// kept, until its image is written): a guest access meanwhile waits
+	// in ensureResident. Were it let through between the capture and the
+	// destruction it would run on state the image does not hold, and its
+	// device model, which repeats on the restored vGPU only the accesses
+	// that got no answer, would go on from a state the image lacks.
+	v.restoreMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			v.restoreMu.Unlock()
+		}
+	}()
 	cur, _ := v.where()
 	ev, err := cur.Evict(ctx, v, "saving its state")
 	if err != nil {
 		return st, fmt.Errorf("save: %w", err)
 	}
 	st.Pause = ev.Took
-	// No restore while the image is taken and written: the guest waits.
-	v.restoreMu.Lock()
 	img, err := v.capture()
-	v.restoreMu.Unlock()
 	if err != nil {
 		return st, fmt.Errorf("save vGPU %d: %w", v.ID, err)
 	}
@@ -76,7 +89,10 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 		return st, nil
 	}
 	cur, _ = v.where()
-	return st, cur.Destroy(v, SaveReason)
+	err = cur.Destroy(v, SaveReason)
+	v.restoreMu.Unlock()
+	locked = false
+	return st, err
 }
 
 // capture copies parked v's state into an image. Called with

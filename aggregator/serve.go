@@ -121,7 +121,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 		a.servePVDRM(ctx, p, log)
 		return
 	}
-	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen, PID: p.Peer().PID}
+	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen, PID: p.Peer().PID, Resume: h.Resume}
 	var v *VGPU
 	var err error
 	if h.RAMSource == ipc.RAMXen {

@@ -28,6 +28,10 @@ type Guest struct {
 	// connected (SO_PEERCRED; 0 when unknown): what to trace for its CPU
 	// time.
 	PID int32
+	// Resume: the device model comes back after its vGPU was saved
+	// (ipc.Hello.Resume): only a state image waiting for DomID may give
+	// it a vGPU, never a fresh one its guest's driver does not know.
+	Resume bool
 }
 
 // vchan is the aggregator's view of one guest channel.

@@ -57,7 +57,18 @@ type Config struct {
 	// mappings, as a misbehaving device model would. Never set it
 	// otherwise: after a move its vGPU traps every aperture access.
 	RemapNoAck bool
-	Logger     *slog.Logger
+	// ResumeTimeout, when positive, lets the device model survive a save
+	// of its vGPU (docs/protocol.md §13.7): after a Bye saying the vGPU
+	// was saved it keeps the guest's RAM and driver state, its guest's
+	// accesses wait, and it comes back with a resuming Hello on
+	// ResumeSockets (tried in turn; none: Socket) until a daemon where
+	// the image was restored welcomes it, or ResumeTimeout passes (then
+	// the device fails as after any other Bye). 0: a saved Bye ends it.
+	// It is not offered with PostedWrites: a posted write the aggregator
+	// had not handled when the vGPU was parked would be lost unseen.
+	ResumeTimeout time.Duration
+	ResumeSockets []string
+	Logger        *slog.Logger
 }
 
 // The guest driver finds the vGPU's interrupt line through its MMIO.
@@ -66,10 +77,20 @@ var _ gpu.Interrupter = (*Device)(nil)
 // Device is a VM's virtual GPU: its guest RAM, its connection to the
 // aggregator, and (with remap) its mapped aperture pages.
 type Device struct {
-	client  *ipc.Client
-	ram     *hostmem.RAM
+	// cur is the connection to the aggregator; a resume after a save
+	// replaces it (resume.go).
+	cur    atomic.Pointer[ipc.Client]
+	cfg    Config
+	ram    *hostmem.RAM
+	pci    *ConfigSpace
+	infoMu sync.Mutex
+	// welcome is the last Welcome (guarded by infoMu).
 	welcome ipc.Welcome
-	pci     *ConfigSpace
+	// resumeMu makes one resume at a time; resumeFail is why the last
+	// one failed (then the device stays failed).
+	resumeMu   sync.Mutex
+	resumeFail atomic.Pointer[resumeFailure]
+	resumes    atomic.Uint32
 
 	bar1Size, bar3Size uint64
 	// remapMu excludes the aggregator's remap updates (rebind) from
@@ -84,7 +105,7 @@ type Device struct {
 	bar1Pages         uint64
 	busRead, busWrite time.Duration // charged per passed-through access
 	bus               *buspipe.Pipe // times passed-through accesses as a bus does
-	trapCost          time.Duration // charged per trapped access
+	trapCost          atomic.Int64  // charged per trapped access, ns
 	posted            bool          // trapped writes are posted
 	log               *slog.Logger
 	closing           chan struct{} // closed by Close (RemapNoAck's handler waits for it)
@@ -96,11 +117,12 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if cfg.Transport == 0 {
 		cfg.Transport = ipc.TransportShm
 	}
-	d = &Device{pci: NewConfigSpace(), trapCost: cfg.TrapCost, posted: cfg.PostedWrites, bus: buspipe.New(), log: cfg.Logger,
-		closing: make(chan struct{})}
-	if d.log == nil {
-		d.log = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	d = &Device{cfg: cfg, pci: NewConfigSpace(), posted: cfg.PostedWrites, bus: buspipe.New(), log: cfg.Logger,
+		closing: make(chan struct{})}
+	d.trapCost.Store(int64(cfg.TrapCost))
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Close())
@@ -109,45 +131,69 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	if d.ram, err = hostmem.New(fmt.Sprintf("gpuvm-dom%d-ram", cfg.DomID), cfg.RAMSize); err != nil {
 		return d, err
 	}
-	ramFile, err := d.ram.File()
-	if err != nil {
-		return d, err
-	}
-	defer ramFile.Close()
-	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: d.ram.Size(), Transport: cfg.Transport}
-	var extra []*os.File
-	d.client, d.welcome, extra, err = ipc.Dial(ctx, cfg.Socket, hello, ramFile, nil, &ipc.DialOptions{Logger: cfg.Logger})
+	client, w, extra, err := d.dial(ctx, cfg.Socket, false)
 	if err != nil {
 		return d, fmt.Errorf("device model: %w", err)
 	}
-	defer func() {
-		for _, f := range extra {
-			f.Close()
-		}
-	}()
-	d.pci.SetFLR(func() error { return resetOverIPC(d.client) }) // the guest's function-level reset
-	d.bar1Size, d.bar3Size = d.pageParam(ipc.ParamBAR1Size, nvc0.BAR1Size), d.pageParam(ipc.ParamBAR3Size, nvc0.BAR3Size)
-	if !cfg.TrapCostSet {
-		d.trapCost = time.Duration(d.param(ipc.ParamTrapNs, 0, uint64(time.Second)))
+	defer closeFiles(extra)
+	d.cur.Store(client)
+	d.pci.SetFLR(func() error { return resetOverIPC(d.conn()) }) // the guest's function-level reset
+	d.welcome = w
+	d.bar1Size, d.bar3Size = pageParam(w, ipc.ParamBAR1Size, nvc0.BAR1Size), pageParam(w, ipc.ParamBAR3Size, nvc0.BAR3Size)
+	return d, d.adopt(client, w, extra)
+}
+
+// dial sends the Hello (a resuming one with resume) with the guest RAM.
+func (d *Device) dial(ctx context.Context, socket string, resume bool) (*ipc.Client, ipc.Welcome, []*os.File, error) {
+	ramFile, err := d.ram.File()
+	if err != nil {
+		return nil, ipc.Welcome{}, nil, err
 	}
-	if d.welcome.Params[ipc.ParamRemap] == "1" {
-		if err := d.mapRemap(extra); err != nil {
-			return d, err
-		}
-		d.remapOn.Store(true)
-		// The aggregator takes the mappings away, and hands new ones,
-		// when it moves the vGPU (docs/protocol.md §6.7). Without this
-		// (the socket transport) a moved vGPU traps every aperture access.
-		if cfg.RemapNoAck {
-			d.client.HandleRemap(func([]*os.File) error {
-				<-d.closing
-				return errors.New("device model closing")
-			})
-		} else {
-			d.client.HandleRemap(d.rebind)
-		}
+	defer ramFile.Close()
+	cfg := &d.cfg
+	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: d.ram.Size(), Transport: cfg.Transport, Resume: resume}
+	return ipc.Dial(ctx, socket, hello, ramFile, nil, &ipc.DialOptions{Logger: cfg.Logger})
+}
+
+// adopt sets the device up on a new connection: the trap cost its
+// Welcome gives, and with remap the table and slice it passes (extra,
+// which the caller closes) and the handler of the aggregator's remap
+// updates.
+func (d *Device) adopt(client *ipc.Client, w ipc.Welcome, extra []*os.File) error {
+	if !d.cfg.TrapCostSet {
+		d.trapCost.Store(int64(param(w, ipc.ParamTrapNs, 0, uint64(time.Second))))
 	}
-	return d, nil
+	if w.Params[ipc.ParamRemap] != "1" {
+		return nil
+	}
+	d.remapMu.Lock()
+	err := d.mapRemap(w, extra)
+	d.remapOn.Store(err == nil)
+	d.remapMu.Unlock()
+	if err != nil {
+		return err
+	}
+	// The aggregator takes the mappings away, and hands new ones, when
+	// it moves the vGPU (docs/protocol.md §6.7). Without this (the
+	// socket transport) a moved vGPU traps every aperture access.
+	if d.cfg.RemapNoAck {
+		client.HandleRemap(func([]*os.File) error {
+			<-d.closing
+			return errors.New("device model closing")
+		})
+	} else {
+		client.HandleRemap(d.rebind)
+	}
+	return nil
+}
+
+// conn is the current connection to the aggregator.
+func (d *Device) conn() *ipc.Client { return d.cur.Load() }
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
 }
 
 // rebind carries out a remap update of the aggregator (docs/protocol.md
@@ -170,7 +216,7 @@ func (d *Device) rebind(files []*os.File) error {
 	if len(files) == 0 {
 		return nil
 	}
-	if err := d.mapRemap(files); err != nil {
+	if err := d.mapRemap(d.Welcome(), files); err != nil {
 		return err
 	}
 	d.remapOn.Store(true)
@@ -192,27 +238,30 @@ func (d *Device) unmapRemap() error {
 	return errors.Join(errs...)
 }
 
-// pageParam reads a size parameter: a positive page multiple up to max (the default).
-func (d *Device) pageParam(key string, max uint64) uint64 {
-	v, err := strconv.ParseUint(d.welcome.Params[key], 10, 64)
+// pageParam reads a size parameter of w: a positive page multiple up to
+// max (the default).
+func pageParam(w ipc.Welcome, key string, max uint64) uint64 {
+	v, err := strconv.ParseUint(w.Params[key], 10, 64)
 	if err != nil || v == 0 || v > max || v%nvc0.PageSize != 0 {
 		return max
 	}
 	return v
 }
 
-// param reads a numeric parameter bounded by max, def when absent or bad.
-func (d *Device) param(key string, def, max uint64) uint64 {
-	v, err := strconv.ParseUint(d.welcome.Params[key], 10, 64)
+// param reads a numeric parameter of w bounded by max, def when absent or
+// bad.
+func param(w ipc.Welcome, key string, def, max uint64) uint64 {
+	v, err := strconv.ParseUint(w.Params[key], 10, 64)
 	if err != nil || v > max {
 		return def
 	}
 	return v
 }
 
-// mapRemap maps the remap table (read-only) and the VRAM slice; on error
-// it leaves neither mapped.
-func (d *Device) mapRemap(files []*os.File) (err error) {
+// mapRemap maps the remap table (read-only) and the VRAM slice w's
+// connection passed; on error it leaves neither mapped. Called with
+// remapMu held exclusively.
+func (d *Device) mapRemap(w ipc.Welcome, files []*os.File) (err error) {
 	defer func() {
 		if err != nil {
 			_ = d.unmapRemap()
@@ -242,8 +291,8 @@ func (d *Device) mapRemap(files []*os.File) (err error) {
 		return fmt.Errorf("map VRAM slice: %w", err)
 	}
 	d.bar1Pages = d.bar1Size / nvc0.PageSize
-	d.busRead = time.Duration(d.param(ipc.ParamMMIOReadNs, 0, 1<<20))
-	d.busWrite = time.Duration(d.param(ipc.ParamMMIOWriteNs, 0, 1<<20))
+	d.busRead = time.Duration(param(w, ipc.ParamMMIOReadNs, 0, 1<<20))
+	d.busWrite = time.Duration(param(w, ipc.ParamMMIOWriteNs, 0, 1<<20))
 	if uint64(len(d.remap)) < (d.bar1Pages+d.bar3Size/nvc0.PageSize)*8 {
 		return fmt.Errorf("remap table of %d bytes too small", len(d.remap))
 	}
@@ -329,17 +378,28 @@ func (d *Device) passWrite(bar int, off uint64, v uint32) bool {
 	return true
 }
 
-// Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads all-ones.
+// Read32 is a guest read of a BAR (gpu.MMIO). A dead connection reads
+// all-ones; one ended by a save waits for the resume (resume.go) and
+// reads from the restored vGPU.
 func (d *Device) Read32(bar int, off uint64) uint32 {
 	if v, ok := d.passRead(bar, off); ok {
 		return v
 	}
-	spin.For(d.trapCost)
-	v, err := d.client.Read32(bar, off)
-	if err != nil {
-		return 0xFFFFFFFF
+	spin.For(time.Duration(d.trapCost.Load()))
+	c := d.conn()
+	for {
+		v, err := c.Read32(bar, off)
+		if err == nil {
+			return v
+		}
+		var ok bool
+		if c, ok = d.resumeAfter(c, err); !ok {
+			return 0xFFFFFFFF
+		}
+		if v, ok := d.passRead(bar, off); ok {
+			return v
+		}
 	}
-	return v
 }
 
 // Write32 is a guest write of a BAR (gpu.MMIO).
@@ -347,12 +407,22 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 	if d.passWrite(bar, off, v) {
 		return
 	}
-	spin.For(d.trapCost)
+	spin.For(time.Duration(d.trapCost.Load()))
+	c := d.conn()
 	if d.posted {
-		_ = d.client.Write32(bar, off, v) // a failure is sticky: Err reports it
+		_ = c.Write32(bar, off, v) // a failure is sticky: Err reports it
 		return
 	}
-	_ = d.client.Write32Sync(bar, off, v)
+	for {
+		err := c.Write32Sync(bar, off, v)
+		if err == nil {
+			return
+		}
+		var ok bool
+		if c, ok = d.resumeAfter(c, err); !ok || d.passWrite(bar, off, v) {
+			return
+		}
+	}
 }
 
 // IRQCount returns the vGPU's interrupt count and whether the aggregator
@@ -360,30 +430,50 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 // transport only). The device model delivers the interrupt to the guest
 // driver running in this process by letting it sleep on the count.
 func (d *Device) IRQCount() (uint32, bool) {
-	if !d.client.InterruptsOffered() {
+	c := d.conn()
+	if !c.InterruptsOffered() {
 		return 0, false
 	}
-	return d.client.IRQCount(), true
+	return c.IRQCount(), true
 }
 
 // WaitIRQ sleeps until the vGPU's interrupt count differs from seen or
-// timeout passed (gpu.Interrupter). It fails once the connection ended.
+// timeout passed (gpu.Interrupter). It fails once the connection ended;
+// after a save it returns, once resumed, the restored vGPU's count (a
+// new connection's: the caller looks again at what it waits for).
 func (d *Device) WaitIRQ(seen uint32, timeout time.Duration) (uint32, error) {
-	n, err := d.client.WaitIRQ(seen, timeout)
-	if err != nil {
-		return n, fmt.Errorf("device model: interrupt: %w", err)
+	c := d.conn()
+	n, err := c.WaitIRQ(seen, timeout)
+	if err == nil {
+		return n, nil
 	}
-	return n, nil
+	if c, ok := d.resumeAfter(c, err); ok {
+		return c.IRQCount(), nil
+	}
+	return n, fmt.Errorf("device model: interrupt: %w", d.errOr(err))
 }
 
 // TrapCost returns what the device model charges per trapped access.
-func (d *Device) TrapCost() time.Duration { return d.trapCost }
+func (d *Device) TrapCost() time.Duration { return time.Duration(d.trapCost.Load()) }
 
 // PostedWrites reports whether trapped writes are posted.
 func (d *Device) PostedWrites() bool { return d.posted }
 
-// Err reports why the device stopped working, or nil.
-func (d *Device) Err() error { return d.client.Err() }
+// Err reports why the device stopped working, or nil: also nil after a
+// save while the device waits to resume (its guest's next access does).
+func (d *Device) Err() error {
+	err := d.conn().Err()
+	if err == nil {
+		return nil
+	}
+	if f := d.resumeFail.Load(); f != nil {
+		return f.err
+	}
+	if d.resumable(err) {
+		return nil
+	}
+	return err
+}
 
 // RAM is the guest's RAM (DMA memory at guest-physical address 0).
 func (d *Device) RAM() *hostmem.RAM { return d.ram }
@@ -391,8 +481,13 @@ func (d *Device) RAM() *hostmem.RAM { return d.ram }
 // BARSizes are the usable BAR1 and BAR3 aperture sizes.
 func (d *Device) BARSizes() (bar1, bar3 uint64) { return d.bar1Size, d.bar3Size }
 
-// Welcome is what the aggregator said when it accepted the VM.
-func (d *Device) Welcome() ipc.Welcome { return d.welcome }
+// Welcome is what the aggregator said when it accepted the VM (after a
+// resume, the restoring daemon's Welcome).
+func (d *Device) Welcome() ipc.Welcome {
+	d.infoMu.Lock()
+	defer d.infoMu.Unlock()
+	return d.welcome
+}
 
 // ConfigSpace is the device's PCI configuration space.
 func (d *Device) ConfigSpace() *ConfigSpace { return d.pci }
@@ -400,7 +495,17 @@ func (d *Device) ConfigSpace() *ConfigSpace { return d.pci }
 // Counters asks the aggregator for the vGPU's counters (names are the
 // aggregator's CounterNames, in order).
 func (d *Device) Counters(names []string) (map[string]uint64, error) {
-	return d.client.Counters(names)
+	c := d.conn()
+	for {
+		m, err := c.Counters(names)
+		if err == nil {
+			return m, nil
+		}
+		var ok bool
+		if c, ok = d.resumeAfter(c, err); !ok {
+			return nil, d.errOr(err)
+		}
+	}
 }
 
 // Close disconnects (the aggregator then tears the vGPU down) and frees the RAM.
@@ -411,8 +516,12 @@ func (d *Device) Close() error {
 	default:
 		close(d.closing)
 	}
-	if d.client != nil {
-		errs = append(errs, d.client.Close())
+	// A resume under way gives up (closing); none starts after.
+	d.resumeMu.Lock()
+	c := d.cur.Load()
+	d.resumeMu.Unlock()
+	if c != nil {
+		errs = append(errs, c.Close())
 	}
 	// The client's socket reader, which runs rebind, has stopped.
 	d.remapMu.Lock()

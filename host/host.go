@@ -189,6 +189,9 @@ func (h *Host) Serve(ctx context.Context, ln *ipc.Listener) error {
 // serve places one VM and hands it to its board.
 func (h *Host) serve(ctx context.Context, p *ipc.Pending) {
 	hello := p.Hello()
+	if hello.Resume && h.refuseResume(p) { // restore.go
+		return
+	}
 	g := aggregator.Guest{DomID: hello.DomID, Name: hello.Name, Mode: hello.Mode}
 	h.serveOn(ctx, p, g, h.Place, nil)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
@@ -71,4 +72,19 @@ func (h *Host) restoreBoard(domid uint32) *Board {
 		}
 	}
 	return nil
+}
+
+// refuseResume refuses p, a resuming device model (ipc.Hello.Resume),
+// when no board holds an image for its domain, before placement could
+// choose a board for it: its reason tells the device model to try again
+// (docs/protocol.md §13.7). It reports whether it refused.
+func (h *Host) refuseResume(p *ipc.Pending) bool {
+	domid := p.Hello().DomID
+	if h.restoreBoard(domid) != nil {
+		return false
+	}
+	err := aggregator.NoImageError(domid)
+	h.log.Info("resuming device model refused", "domid", domid, "reason", err)
+	_ = p.Reject(err.Error())
+	return true
 }

@@ -139,7 +139,17 @@ type Hello struct {
 	// RAMSource says where the guest RAM is: a memfd sent as the first fd
 	// (the default) or the Xen domain's own memory.
 	RAMSource RAMSource
+	// Resume asks only for the vGPU a state image restores for DomID
+	// (Hello flag HelloResume, docs/protocol.md §13.7): a device model
+	// coming back after its vGPU was saved. With no image waiting the
+	// server refuses it with a reason beginning RejectNoImage, never
+	// with a fresh vGPU its guest's driver does not know.
+	Resume bool
 }
+
+// HelloResume is bit 0 of the Hello's flags byte (offset 28): Hello.Resume.
+// The other bits are reserved and must be 0.
+const HelloResume = 1 << 0
 
 // Welcome is the aggregator's acceptance of a Hello.
 type Welcome struct {
@@ -495,6 +505,9 @@ func encodeHello(h *Hello, nExtra int) []byte {
 	b[25] = byte(len(h.Mode))
 	b[26] = byte(nExtra)
 	b[27] = byte(h.RAMSource)
+	if h.Resume {
+		b[28] = HelloResume
+	}
 	copy(b[32:32+MaxNameLen], h.Name)
 	copy(b[96:96+MaxModeLen], h.Mode)
 	return b
@@ -512,10 +525,14 @@ func decodeHello(b []byte) (Hello, int, error) {
 		Transport: Transport(le.Uint32(b[12:])),
 		RAMSize:   le.Uint64(b[16:]),
 		RAMSource: RAMSource(b[27]),
+		Resume:    b[28]&HelloResume != 0,
 	}
 	nameLen, modeLen, nExtra := int(b[24]), int(b[25]), int(b[26])
-	if le.Uint32(b[28:]) != 0 {
-		return Hello{}, 0, fmt.Errorf("hello: reserved bytes 28..31 not zero")
+	if b[28]&^HelloResume != 0 {
+		return Hello{}, 0, fmt.Errorf("hello: unknown flags %#x (only %#x, resume, is defined)", b[28]&^HelloResume, HelloResume)
+	}
+	if b[29] != 0 || b[30] != 0 || b[31] != 0 {
+		return Hello{}, 0, fmt.Errorf("hello: reserved bytes 29..31 not zero")
 	}
 	if nameLen > MaxNameLen {
 		return Hello{}, 0, fmt.Errorf("domain name length %d not in 1..%d", nameLen, MaxNameLen)

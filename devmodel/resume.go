@@ -1,0 +1,186 @@
+package devmodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// Surviving a save of the vGPU (docs/protocol.md §13.7). When the operator
+// saves the vGPU (gpuvm vgpu save), its aggregator parks it, writes its
+// state image and ends the connection with a Bye whose reason begins
+// ipc.ByeSaved. The device model keeps what is the guest's — its RAM, the
+// driver state that lives in it and in this process — and the first guest
+// access that finds the connection so ended resumes: it lets go of the
+// old VRAM slice (the eviction revoked it already; this makes sure), and
+// sends a Hello with the resume flag for the same domain, mode and RAM to
+// each resume socket in turn until a daemon where the image was restored
+// welcomes it, or Config.ResumeTimeout passes. Meanwhile every guest
+// access waits: the guest sees a pause. Then the access that met the Bye,
+// which the old aggregator did not answer (it ran none of it: a parked
+// vGPU's accesses wait, and the save destroys it before they can run), is
+// repeated on the restored vGPU, and the remap feature is set up from the
+// new Welcome.
+
+// resumeFailure is why a resume failed: the device then stays failed.
+type resumeFailure struct{ err error }
+
+// Resume back-off bounds: how long to wait before asking the sockets again
+// after none had an image for the domain.
+const (
+	resumeFirstBackoff = 10 * time.Millisecond
+	resumeMaxBackoff   = 250 * time.Millisecond
+)
+
+// resumable reports whether err, which ended a connection, lets the device
+// resume: a Bye saying the vGPU was saved, resuming configured, no posted
+// writes, and the device not closing.
+func (d *Device) resumable(err error) bool {
+	if d.cfg.ResumeTimeout <= 0 || d.posted || !ipc.IsSavedBye(err) {
+		return false
+	}
+	select {
+	case <-d.closing:
+		return false
+	default:
+		return true
+	}
+}
+
+// errOr is the resume's failure, if one failed, else err.
+func (d *Device) errOr(err error) error {
+	if f := d.resumeFail.Load(); f != nil {
+		return f.err
+	}
+	return err
+}
+
+// resumeAfter is called when an access on connection c failed with err.
+// It returns the connection to repeat the access on — a resumed one — and
+// true, or false when err stands. One resume runs at a time; accesses
+// that meet the Bye meanwhile wait for it and take its connection.
+func (d *Device) resumeAfter(c *ipc.Client, err error) (*ipc.Client, bool) {
+	if !d.resumable(err) {
+		return nil, false
+	}
+	d.resumeMu.Lock()
+	defer d.resumeMu.Unlock()
+	if now := d.cur.Load(); now != c {
+		return now, true // resumed by another access
+	}
+	if d.resumeFail.Load() != nil || !d.resumable(err) {
+		return nil, false
+	}
+	n, rerr := d.resume(c, err)
+	if rerr != nil {
+		d.resumeFail.Store(&resumeFailure{err: rerr})
+		d.log.Error("device model: resume after a save failed", "domid", d.cfg.DomID, "err", rerr)
+		return nil, false
+	}
+	d.cur.Store(n)
+	d.resumes.Add(1)
+	return n, true
+}
+
+// resume replaces old, ended by a save (why), with a connection to a
+// restored vGPU. Called with resumeMu held.
+func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
+	start := time.Now()
+	sockets := d.cfg.ResumeSockets
+	if len(sockets) == 0 {
+		sockets = []string{d.cfg.Socket}
+	}
+	d.log.Info("device model: vGPU saved; waiting for its restore", "domid", d.cfg.DomID, "sockets", sockets,
+		"timeout", d.cfg.ResumeTimeout, "bye", why)
+	// No access may reach the old slice any more: the eviction revoked it
+	// (rebind with no files), unless the device model's acknowledgement
+	// came too late; then it goes now.
+	d.remapMu.Lock()
+	d.remapOn.Store(false)
+	uerr := d.unmapRemap()
+	d.remapMu.Unlock()
+	if uerr != nil {
+		d.log.Warn("device model: unmapping the saved vGPU's slice", "err", uerr)
+	}
+	_ = old.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ResumeTimeout)
+	defer cancel()
+	go func() { // Close interrupts the wait
+		select {
+		case <-d.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	backoff := resumeFirstBackoff
+	var last error
+	for {
+		for _, sock := range sockets {
+			c, w, extra, err := d.dial(ctx, sock, true)
+			if err == nil {
+				aerr := d.adoptResumed(c, w, extra)
+				closeFiles(extra)
+				if aerr != nil {
+					_ = c.Close()
+					return nil, fmt.Errorf("device model: resuming on %s: %w", sock, aerr)
+				}
+				d.log.Info("device model: resumed on the restored vGPU", "domid", d.cfg.DomID, "socket", sock,
+					"vgpu", w.VGPU, "pause", time.Since(start))
+				return c, nil
+			}
+			if !retryResume(err) {
+				select {
+				case <-d.closing:
+					return nil, errors.New("device model: closed while waiting for the saved vGPU's restore")
+				default:
+				}
+				return nil, fmt.Errorf("device model: resuming after the save: %s refused the domain: %w", sock, err)
+			}
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			select {
+			case <-d.closing:
+				return nil, errors.New("device model: closed while waiting for the saved vGPU's restore")
+			default:
+			}
+			return nil, fmt.Errorf("device model: the vGPU was saved and no daemon restored it for domain %d within %v (gpuvm vgpu restore --domid %d FILE, on one of %v); last answer: %w",
+				d.cfg.DomID, d.cfg.ResumeTimeout, d.cfg.DomID, sockets, last)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, resumeMaxBackoff)
+	}
+}
+
+// retryResume reports whether a resuming Hello that failed with err may be
+// sent again: no image waits yet, or no daemon listens there yet.
+func retryResume(err error) bool {
+	return ipc.IsNoImage(err) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// adoptResumed checks that the restored vGPU is the one the guest's driver
+// knows — the same VRAM, channels and apertures, which a restore keeps —
+// and sets the device up on it (adopt).
+func (d *Device) adoptResumed(c *ipc.Client, w ipc.Welcome, extra []*os.File) error {
+	was := d.Welcome()
+	bar1, bar3 := pageParam(w, ipc.ParamBAR1Size, nvc0.BAR1Size), pageParam(w, ipc.ParamBAR3Size, nvc0.BAR3Size)
+	if w.VRAMSize != was.VRAMSize || w.Channels != was.Channels || bar1 != d.bar1Size || bar3 != d.bar3Size {
+		return fmt.Errorf("the restored vGPU (VRAM %d, %d channels, BAR1 %d, BAR3 %d) is not the saved one (VRAM %d, %d channels, BAR1 %d, BAR3 %d)",
+			w.VRAMSize, w.Channels, bar1, bar3, was.VRAMSize, was.Channels, d.bar1Size, d.bar3Size)
+	}
+	d.infoMu.Lock()
+	d.welcome = w
+	d.infoMu.Unlock()
+	return d.adopt(c, w, extra)
+}
+
+// Resumes is how many times the device resumed after a save.
+func (d *Device) Resumes() int { return int(d.resumes.Load()) }
