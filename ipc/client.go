@@ -271,7 +271,11 @@ func (c *Client) fail(err error) error {
 	c.errMu.Lock()
 	if c.err == nil {
 		c.err = err
-		if !errors.Is(err, ErrClosed) {
+		switch {
+		case errors.Is(err, ErrClosed):
+		case IsSavedBye(err):
+			c.log.Info("ipc: connection ended: the vGPU was saved", "err", err)
+		default:
 			c.log.Warn("ipc: connection failed", "err", err)
 		}
 	}

@@ -33,7 +33,10 @@ func devmodelCommand() *cli.Command {
 			"In the pvdrm modes the guest has no GPU registers and there is no device model: the\n" +
 			"process is the pvdrm front end, handing over its GART heap (--ram) and a shared ring,\n" +
 			"and Gdev runs on whole DRM operations sent to the aggregator's back end.\n" +
-			"Closing it (or killing it) makes the aggregator tear the vGPU down.",
+			"Closing it (or killing it) makes the aggregator tear the vGPU down. A save of its vGPU\n" +
+			"(gpuvm vgpu save) does not end it: the guest keeps its RAM and driver state and pauses\n" +
+			"until a daemon restores the image (gpuvm vgpu restore --domid N, on --resume-socket),\n" +
+			"then goes on there (--resume-timeout bounds the wait; docs/protocol.md §13.7).",
 		Flags: append([]cli.Flag{
 			&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket (gpuvm serve prints it)"},
 			&cli.UintFlag{Name: "domid", Value: 1, Usage: "Xen domain id of the VM"},
@@ -58,6 +61,8 @@ func devmodelCommand() *cli.Command {
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission; with --contexts, kernel runs per instance"},
 			&cli.IntFlag{Name: "contexts", Usage: "instead of workloads, run this many madd applications at once, each in its own GPU context, its kernel run --repeat times, and print their phase times as JSON (the contexts experiment, thesis Fig. 4.10)"},
 			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness or --contexts: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
+			&cli.DurationFlag{Name: "resume-timeout", Value: defaultResumeTimeout, Usage: "after its vGPU was saved (gpuvm vgpu save), keep the guest and wait this long for a daemon to restore it (gpuvm vgpu restore --domid N), then come back to it (docs/protocol.md §13.7); the guest's accesses wait meanwhile. 0: a save ends the VM. Not with --posted-writes"},
+			&cli.StringSliceFlag{Name: "resume-socket", Usage: "after a save, look for the restored vGPU on this daemon's device-model socket (repeatable, tried in turn; default: --socket)"},
 			&cli.BoolFlag{Name: "hold", Usage: "after the workloads, keep the vGPU attached until SIGTERM or SIGINT (then exit 0), as a domain's device model lives as long as its domain (gpuvm libvirt starts VMs this way); exit 1 if the vGPU goes first"},
 		}, covertGuestFlags()...),
 		Action: runDevmodel,
@@ -89,7 +94,14 @@ func runDevmodel(c *cli.Context) error {
 		return usageError("--runs %d: want at least 1", c.Int("runs"))
 	}
 	cfg := devmodel.Config{Socket: c.Path("socket"), DomID: uint32(c.Uint("domid")), Name: c.String("name"),
-		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log}
+		Mode: c.String("mode"), RAMSize: ram, Transport: transport, TrapCost: c.Duration("trap-cost"), TrapCostSet: c.IsSet("trap-cost"), PostedWrites: c.Bool("posted-writes"), Logger: log,
+		ResumeTimeout: c.Duration("resume-timeout"), ResumeSockets: c.StringSlice("resume-socket")}
+	if cfg.ResumeTimeout < 0 {
+		return usageError("--resume-timeout %v: want 0 (off) or more", cfg.ResumeTimeout)
+	}
+	if cfg.PostedWrites && (c.IsSet("resume-timeout") && cfg.ResumeTimeout > 0 || c.IsSet("resume-socket")) {
+		return usageError("--posted-writes cannot resume after a save: a posted write the daemon had not handled when it saved the vGPU would be lost")
+	}
 	if c.Bool("hold") {
 		if c.IsSet("covert") || c.IsSet("fairness") {
 			return usageError("--hold: runs workloads, not --covert or --fairness")
@@ -146,6 +158,10 @@ func runDevmodel(c *cli.Context) error {
 	}
 	return nil
 }
+
+// defaultResumeTimeout is how long a VM whose vGPU was saved waits for its
+// restore by default.
+const defaultResumeTimeout = 2 * time.Minute
 
 // maxGuestContexts bounds --contexts: a vGPU's channels bound it anyway.
 const maxGuestContexts = 64

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -68,8 +70,7 @@ func saveImage(c *cli.Context, url, file string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(c.App.Writer, resp.Body)
-		return &exitError{code: exitFailure, err: fmt.Errorf("control API: %s", resp.Status)}
+		return &exitError{code: exitFailure, err: controlRefusal(resp)}
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
 	if err != nil {
@@ -129,12 +130,29 @@ func vgpuRestoreCommand(ctl cli.Flag) *cli.Command {
 				return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
 			}
 			defer resp.Body.Close()
+			if resp.StatusCode >= 300 {
+				return &exitError{code: exitFailure, err: controlRefusal(resp)}
+			}
 			if _, err := io.Copy(c.App.Writer, resp.Body); err != nil {
 				return err
 			}
-			if resp.StatusCode >= 300 {
-				return &exitError{code: exitFailure, err: fmt.Errorf("control API: %s", resp.Status)}
-			}
 			return nil
 		}}
+}
+
+// controlRefusal is the error of a control API answer that is not a
+// success: its status and the reason its JSON body gives (the image
+// decoder's, for a refused image), so that it reaches stderr.
+func controlRefusal(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return fmt.Errorf("control API: %s: %s", resp.Status, e.Error)
+	}
+	if msg := strings.TrimSpace(string(body)); msg != "" {
+		return fmt.Errorf("control API: %s: %s", resp.Status, msg)
+	}
+	return fmt.Errorf("control API: %s", resp.Status)
 }
