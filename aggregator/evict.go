@@ -669,15 +669,25 @@ func (a *Aggregator) serveEvict(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		writeJSON(w, http.StatusOK, map[string]any{"evicted": v.ID, "board": st.Board, "from_slot": st.Slot,
 			"bytes": st.Bytes, "pause_ns": st.Took.Nanoseconds()})
-	case errors.Is(err, ErrMoveUnsupported):
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
-	case errors.Is(err, ErrDetached):
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
-	case errors.Is(err, context.DeadlineExceeded):
-		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 	default:
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		writeParkError(w, err)
 	}
+}
+
+// writeParkError answers a failed eviction or save: 501 for a vGPU that
+// cannot be parked (or saved), 404 for one torn down, 409 when its work in
+// flight did not end in time, 500 otherwise (it failed and was destroyed).
+func writeParkError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrSaveUnsupported), errors.Is(err, ErrMoveUnsupported):
+		code = http.StatusNotImplemented
+	case errors.Is(err, ErrDetached):
+		code = http.StatusNotFound
+	case errors.Is(err, context.DeadlineExceeded):
+		code = http.StatusConflict
+	}
+	writeJSON(w, code, map[string]string{"error": err.Error()})
 }
 
 // SetRehome sets how a parked vGPU of this board finds another board when

@@ -262,13 +262,9 @@ func (a *Aggregator) attachRestored(g Guest, img *vgpuimage.Image, mapRAM func()
 // the image re-applied through the path that checks it. On error nothing
 // of it is left.
 func (a *Aggregator) parkedFromImage(id int, g Guest, img *vgpuimage.Image, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
-	feat, err := FeaturesFor(g.Mode)
+	feat, err := a.featuresFor(g)
 	if err != nil {
 		return nil, err
-	}
-	feat.PollDoorbells = a.opts.PollDoorbells
-	if g.XenRAM {
-		feat.Remap = false
 	}
 	slot := a.imageSlot(img)
 	v = &VGPU{agg: a, ID: id, Slot: slot, Guest: g, feat: feat, profile: img.Identity.Profile, emu: map[uint32]uint32{},

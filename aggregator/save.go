@@ -212,14 +212,8 @@ func (a *Aggregator) serveSave(w http.ResponseWriter, r *http.Request) {
 		}
 	case sw.started:
 		a.log.Warn("save: image cut short", "vgpu", v.ID, "err", err)
-	case errors.Is(err, ErrSaveUnsupported), errors.Is(err, ErrMoveUnsupported):
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
-	case errors.Is(err, ErrDetached):
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
-	case errors.Is(err, context.DeadlineExceeded):
-		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 	default:
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		writeParkError(w, err)
 	}
 }
 

@@ -113,6 +113,28 @@ func checkHonest(t *testing.T, h *guestVM, marker []uint32) {
 	}
 }
 
+// savedScene is the two tests' scene: a source and a destination daemon,
+// an honest VM with its marker on the destination, and on the source a VM
+// in mode that ran verified madd and cpy and a madd in a context it keeps
+// open (closed at the test's end).
+func savedScene(t *testing.T, mode string, domid uint32, name string) (src, dst *Aggregator, honest *guestVM, marker []uint32, s *savedGuest, ctx *gdev.Context) {
+	t.Helper()
+	src, _ = newTestAggregator(t, 2)
+	dst, _ = newTestAggregator(t, 2)
+	honest, marker = honestBeside(t, dst)
+	s = startSavable(t, src, domid, name, mode)
+	verifiedWork(t, s.guestVM)
+	ctx, err := gdev.NewContext(s.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Close() })
+	if err := maddOnce(ctx, 16); err != nil {
+		t.Fatal(err)
+	}
+	return src, dst, honest, marker, s, ctx
+}
+
 // TestSaveRestoreOnAnotherDaemon: a VM runs verified madd and cpy, with a
 // context (its channel) kept open; its vGPU is saved, and the image is
 // restored on a second daemon (another board, another registry) beside an
@@ -122,19 +144,7 @@ func checkHonest(t *testing.T, h *guestVM, marker []uint32) {
 func TestSaveRestoreOnAnotherDaemon(t *testing.T) {
 	for _, mode := range []string{"fv-optimized", "pv-multicall"} {
 		t.Run(mode, func(t *testing.T) {
-			src, _ := newTestAggregator(t, 2)
-			dst, _ := newTestAggregator(t, 2)
-			honest, marker := honestBeside(t, dst)
-			s := startSavable(t, src, 5, "saved", mode)
-			verifiedWork(t, s.guestVM)
-			ctx, err := gdev.NewContext(s.dev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ctx.Close()
-			if err := maddOnce(ctx, 16); err != nil {
-				t.Fatal(err)
-			}
+			src, dst, honest, marker, s, ctx := savedScene(t, mode, 5, "saved")
 			img := s.save(t, src)
 			t.Logf("image: %d bytes", len(img))
 			info, err := dst.RegisterRestore(5, bytes.NewReader(img))
@@ -191,19 +201,7 @@ func edit(t *testing.T, img []byte, f func(*vgpuimage.Image)) []byte {
 func TestRestoreRefusesHostileImages(t *testing.T) {
 	for _, mode := range []string{"fv-optimized", "pv-multicall"} {
 		t.Run(mode, func(t *testing.T) {
-			src, _ := newTestAggregator(t, 2)
-			dst, _ := newTestAggregator(t, 2)
-			honest, marker := honestBeside(t, dst)
-			s := startSavable(t, src, 6, "hostile", mode)
-			verifiedWork(t, s.guestVM)
-			ctx, err := gdev.NewContext(s.dev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ctx.Close()
-			if err := maddOnce(ctx, 16); err != nil {
-				t.Fatal(err)
-			}
+			src, dst, honest, marker, s, ctx := savedScene(t, mode, 6, "hostile")
 			img := s.save(t, src)
 			// The honest VM's marker as the restored vGPU's guest would
 			// name it if its addresses were not checked: the restore takes

@@ -160,15 +160,26 @@ type VGPU struct {
 	hcOps map[hypercall.Op]hcHandler
 }
 
-// attach builds the vGPU for a guest in slot, with its RAM from ramFile.
-func (a *Aggregator) attach(slot Slot, id int, g Guest, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
+// featuresFor is what a vGPU for g does on this daemon: its mode's
+// features, doorbells polled if the daemon says so, and no remap for a Xen
+// domain's RAM (nothing maps dom0's pages into a guest on Xen).
+func (a *Aggregator) featuresFor(g Guest) (Features, error) {
 	feat, err := FeaturesFor(g.Mode)
 	if err != nil {
-		return nil, err
+		return feat, err
 	}
 	feat.PollDoorbells = a.opts.PollDoorbells
 	if g.XenRAM {
 		feat.Remap = false
+	}
+	return feat, nil
+}
+
+// attach builds the vGPU for a guest in slot, with its RAM from ramFile.
+func (a *Aggregator) attach(slot Slot, id int, g Guest, mapRAM func() ([]byte, func() error, error)) (v *VGPU, err error) {
+	feat, err := a.featuresFor(g)
+	if err != nil {
+		return nil, err
 	}
 	// A quota narrows the slot: fewer channels, smaller VRAM and aperture
 	// slices (the guest is told the smaller sizes and reaches nothing beyond).
