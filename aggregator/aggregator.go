@@ -235,8 +235,8 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	if lost, why := a.Lost(); lost {
 		return nil, fmt.Errorf("attach %s (domid %d): %w: %s", g.Name, g.DomID, ErrBoardLost, why)
 	}
-	if img := a.takeRestore(g.DomID); img != nil {
-		return a.attachRestored(g, img, mapRAM) // restore.go
+	if a.restorePending(g.DomID) {
+		return a.attachRestored(g, mapRAM) // restore.go
 	}
 	if g.Resume {
 		return nil, NoImageError(g.DomID)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -126,11 +125,21 @@ func (a *Aggregator) CheckImage(domid uint32, img *vgpuimage.Image) error {
 	if n := len(acc.Waits); n != 0 && n != waitBuckets+1 {
 		return refuse("account of %d wait buckets, want %d", n, waitBuckets+1)
 	}
-	if acc.GPUTimeNs > math.MaxInt64 || acc.QueueWaitNs > math.MaxInt64 {
-		return refuse("account times out of range")
+	// The totals carry on and are summed with other vGPUs' (the host's
+	// load meter, the operator's figures): bounded so that no sum of them
+	// over a board's vGPUs wraps an int64.
+	for _, n := range append([]uint64{acc.Submissions, acc.GPUTimeNs, acc.QueueWaitNs, acc.Released, acc.SLOViolations, acc.SLOBoosted}, acc.Waits...) {
+		if n > maxAccountTotal {
+			return refuse("account total %d out of range (at most %d)", n, uint64(maxAccountTotal))
+		}
 	}
 	return nil
 }
+
+// maxAccountTotal bounds every scheduler total an image carries: 2^56 ns
+// is about 834 days of GPU time, and a board has at most 64 vGPU slots
+// (config), so the sum over a board's vGPUs stays below 2^62.
+const maxAccountTotal = 1 << 56
 
 // imageSlot is the slot a restored vGPU of img gets, not yet placed: a
 // slot of the board narrowed to the sizes its guest was told.
@@ -224,21 +233,77 @@ func (a *Aggregator) takeRestore(domid uint32) *vgpuimage.Image {
 	return p.img
 }
 
-// attachRestored gives guest g the vGPU img describes: attached parked,
-// carrying the image, then restored into a slot of a. On any failure
-// nothing of it stays attached. The image is consumed.
-func (a *Aggregator) attachRestored(g Guest, img *vgpuimage.Image, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
-	defer img.Scrub()
+// restorePending reports whether an image waits for domain domid.
+func (a *Aggregator) restorePending(domid uint32) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.restores[domid]
+	return ok
+}
+
+// restoreAdmits reports whether a vGPU of img's size may come onto a as a
+// new attach would: into a free slot, or — only on a board allowed to
+// overcommit, as far as it may — into one another vGPU is evicted from. A
+// restore never makes room by eviction where an attach could not.
+func (a *Aggregator) restoreAdmits(img *vgpuimage.Image) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, v := range a.vgpus {
+		if _, broken := a.broken[i]; v == nil && !broken {
+			return true
+		}
+	}
+	return a.opts.Overcommit > 1 && a.overcommitFits(img.Identity.VRAM)
+}
+
+// attachRestored gives guest g the vGPU the image waiting for its domain
+// describes: attached parked, carrying the image, then restored into a
+// slot of a. On any failure nothing of it stays attached. The image is
+// taken only once the guest is admitted — its id free, its mode and name
+// the image's, room on the board — so a refusal that is not the image's
+// fault (a second device model for a domain still served, a full board)
+// leaves it waiting; from then on it is consumed, whatever happens.
+func (a *Aggregator) attachRestored(g Guest, mapRAM func() ([]byte, func() error, error)) (*VGPU, error) {
 	fail := func(err error) (*VGPU, error) {
 		return nil, fmt.Errorf("restore %s (domid %d) from a state image: %w", g.Name, g.DomID, err)
-	}
-	if g.Mode != img.Identity.Mode {
-		return fail(fmt.Errorf("%w: the device model asks for mode %s, the image is of a mode %s vGPU", ErrImageRefused, g.Mode, img.Identity.Mode))
 	}
 	id, err := a.reg.claim(g)
 	if err != nil {
 		return fail(err)
 	}
+	a.mu.Lock()
+	p, ok := a.restores[g.DomID]
+	var want vgpuimage.Identity
+	if ok {
+		want = p.img.Identity
+	}
+	a.mu.Unlock()
+	switch {
+	case !ok:
+		a.reg.release(id)
+		if g.Resume {
+			return nil, NoImageError(g.DomID)
+		}
+		return fail(fmt.Errorf("the image waiting for the domain was taken meanwhile: %w", ErrNoSlot))
+	case g.Mode != want.Mode:
+		a.reg.release(id)
+		return fail(fmt.Errorf("%w: the device model asks for mode %s, the image is of a mode %s vGPU", ErrImageRefused, g.Mode, want.Mode))
+	case g.Name != want.Name:
+		// The image is the domain's: a device model that names another
+		// guest is not given it (a domid alone is what a compromised
+		// device model of another domain could claim).
+		a.reg.release(id)
+		return fail(fmt.Errorf("%w: the device model is for guest %q, the image is of guest %q", ErrImageRefused, g.Name, want.Name))
+	case !a.restoreAdmits(p.img):
+		a.reg.release(id)
+		return fail(fmt.Errorf("no free slot on board %s for it (the image keeps waiting): %w", a.opts.BoardName, ErrNoSlot))
+	}
+	img := a.takeRestore(g.DomID)
+	if img == nil {
+		a.reg.release(id)
+		return fail(fmt.Errorf("the image waiting for the domain was taken meanwhile: %w", ErrNoSlot))
+	}
+	defer img.Scrub()
 	v, err := a.parkedFromImage(id, g, img, mapRAM)
 	if err != nil {
 		a.reg.release(id)
@@ -372,7 +437,13 @@ func (v *VGPU) applyPV(p *vgpuimage.PV, ev *evictImage) error {
 func (a *Aggregator) restoreNow(v *VGPU) (EvictStats, error) {
 	v.restoreMu.Lock()
 	defer v.restoreMu.Unlock()
-	to, err := a.roomFor(context.Background(), v, -1)
+	var to Slot
+	var err error
+	if a.opts.Overcommit > 1 {
+		to, err = a.roomFor(context.Background(), v, -1)
+	} else {
+		to, err = a.holdSlotPrefer(v, -1) // never by evicting another vGPU
+	}
 	if err != nil {
 		return EvictStats{}, err
 	}

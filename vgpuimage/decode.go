@@ -87,6 +87,7 @@ func decode(r io.Reader) (*Image, error) {
 	}
 	m := &Image{}
 	want := []uint16{SecIdentity, SecRegs, SecChans}
+	seen := map[uint16]bool{}
 	var end uint64
 	for {
 		typ, body, err := d.section()
@@ -99,6 +100,12 @@ func decode(r io.Reader) (*Image, error) {
 			}
 			want = want[1:]
 		}
+		// Every section but the pages comes once (§13.2): a second one
+		// would replace what the first said after it was checked.
+		if typ != SecPage && seen[typ] {
+			return m, fmt.Errorf("a second %s section: %w", SectionName(typ), ErrMalformed)
+		}
+		seen[typ] = true
 		c := &cursor{b: body}
 		switch typ {
 		case SecIdentity:

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -135,6 +136,10 @@ func TestImageRefusals(t *testing.T) {
 		{"registers unsorted", reencode(t, func(m *Image) { m.Regs[0].Off = 0x3000 }), ErrMalformed, "increase"},
 		{"VRAM beyond the limit", reencode(t, func(m *Image) { m.Identity.VRAM = MaxVRAM + VRAMGranule }), ErrMalformed, "VRAM"},
 		{"PV section in an FV image", reencodeWithPV(t), ErrMalformed, "PV section where the account section belongs"},
+		{"a second account section", edit(func(b []byte) []byte {
+			acc := bytes.Clone(b[ends[2]:ends[3]])
+			return slices.Concat(b[:ends[3]], acc, b[ends[3]:])
+		}), ErrMalformed, "a second account section"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
