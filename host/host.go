@@ -91,6 +91,8 @@ type Host struct {
 	log    *slog.Logger
 	load   *loadMeter
 	bal    *balancer
+	// restoreMu makes image registrations one at a time (restore.go).
+	restoreMu sync.Mutex
 
 	// bg is the context of the host's own services (Xen pvdrm back ends),
 	// cancelled by Close, which waits for them (bgWait).

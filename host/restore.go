@@ -43,25 +43,41 @@ func (h *Host) serveRestore(w http.ResponseWriter, r *http.Request) {
 }
 
 // RegisterRestore registers image for domain domid on the first board
-// that takes it, after dropping any image already waiting for the domain.
+// whose checks it passes, replacing any image already waiting for the
+// domain on any board — only once the new one is known to be taken, so a
+// refused image never drops a good one. Registrations are one at a time,
+// so a domain's image waits on one board at most.
 func (h *Host) RegisterRestore(domid uint32, image []byte) (aggregator.RestoreInfo, error) {
 	img, err := vgpuimage.Decode(bytes.NewReader(image))
 	if err != nil {
 		return aggregator.RestoreInfo{}, fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
 	}
-	img.Scrub() // each board decodes its own copy
-	for _, b := range h.boards {
-		b.Agg.ForgetRestore(domid)
-	}
+	var target *Board
 	var errs []error
 	for _, b := range h.boards {
-		info, err := b.Agg.RegisterRestore(domid, bytes.NewReader(image))
-		if err == nil {
-			return info, nil
+		if err := b.Agg.CheckImage(domid, img); err != nil {
+			errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+			continue
 		}
-		errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+		target = b
+		break
 	}
-	return aggregator.RestoreInfo{}, errors.Join(errs...)
+	img.Scrub() // the board decodes its own copy
+	if target == nil {
+		return aggregator.RestoreInfo{}, errors.Join(errs...)
+	}
+	h.restoreMu.Lock()
+	defer h.restoreMu.Unlock()
+	for _, b := range h.boards {
+		if b != target {
+			b.Agg.ForgetRestore(domid)
+		}
+	}
+	info, err := target.Agg.RegisterRestore(domid, bytes.NewReader(image))
+	if err != nil {
+		return info, fmt.Errorf("board %s: %w", target.Name, err)
+	}
+	return info, nil
 }
 
 // restoreBoard is the board an image for domid waits on (nil: none).
