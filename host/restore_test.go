@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
 // TestRestoreRouteRefusesGarbage: POST /v1/domains/{domid}/restore on a
@@ -38,5 +40,36 @@ func TestRestoreRouteRefusesGarbage(t *testing.T) {
 	}
 	if b := h.restoreBoard(7); b != nil {
 		t.Errorf("an image waits on board %s after refusals", b.Name)
+	}
+}
+
+// TestRefusedImageKeepsTheWaitingOne: an image refused by every board's
+// checks (here: of a mode the daemon does not restore) leaves the image
+// already waiting for the domain where it was.
+func TestRefusedImageKeepsTheWaitingOne(t *testing.T) {
+	h := newTestHost(t, Options{}, 1, 1)
+	s := h.boards[0].Agg.Layout().Slots[0]
+	good := &vgpuimage.Image{
+		Identity: vgpuimage.Identity{Mode: "fv-optimized", Name: "vm", DomID: 7, RAM: 64 << 20,
+			VRAM: s.VRAM.Size, Channels: uint32(s.Chans), BAR1: s.BAR1.Size, BAR3: s.BAR3.Size},
+		Chans: make([]vgpuimage.Chan, s.Chans),
+	}
+	encode := func(m *vgpuimage.Image) []byte {
+		var b bytes.Buffer
+		if err := vgpuimage.Encode(&b, m); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	if _, err := h.RegisterRestore(7, encode(good)); err != nil {
+		t.Fatalf("the good image: %v", err)
+	}
+	bad := *good
+	bad.Identity.Mode = "pvdrm"
+	if _, err := h.RegisterRestore(7, encode(&bad)); err == nil {
+		t.Fatal("an image of a pvdrm vGPU was taken")
+	}
+	if b := h.restoreBoard(7); b == nil {
+		t.Fatal("the refused image dropped the one waiting for the domain")
 	}
 }
