@@ -1,0 +1,57 @@
+package aggregator
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/ipc"
+)
+
+// TestResumingPVDRMRefused: a device model that says it resumes a saved
+// vGPU (the Hello's resume flag) in a pvdrm mode is refused: no pvdrm vGPU
+// is ever saved, and a fresh one is what the flag exists to rule out.
+func TestResumingPVDRMRefused(t *testing.T) {
+	agg, _ := newTestAggregator(t, 2)
+	dir, err := os.MkdirTemp("", "gpuvm-resume-pvdrm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "agg.sock")
+	ln, err := ipc.Listen(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- agg.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-served; ln.Close(); os.RemoveAll(dir) })
+	ram, err := hostmem.New("pvdrm-resume", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ram.Close() })
+	f, err := ram.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, _, extra, err := ipc.Dial(context.Background(), sock,
+		ipc.Hello{DomID: 9, Name: "pvdrm-guest", Mode: "pvdrm", RAMSize: ram.Size(), Transport: ipc.TransportShm, Resume: true}, f, nil, nil)
+	if err == nil {
+		for _, x := range extra {
+			x.Close()
+		}
+		c.Close()
+		t.Fatal("a resuming pvdrm device model was welcomed")
+	}
+	if !strings.Contains(err.Error(), "pvdrm vGPUs are never saved") {
+		t.Fatalf("refused with %v, want the pvdrm reason", err)
+	}
+	if n := len(agg.VGPUs()); n != 0 {
+		t.Fatalf("%d vGPUs attached after the refusal", n)
+	}
+}
