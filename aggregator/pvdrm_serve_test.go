@@ -17,12 +17,11 @@ import (
 	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
-// A pvdrm front end over the real handshake: it is served, listed by the
-// control API in its mode, and destroyed through it — after which its
-// requests fail and its vGPU is gone.
-func TestPVDRMServedAndDestroyed(t *testing.T) {
-	agg, _ := newTestAggregator(t, 2)
-	dir, err := os.MkdirTemp("", "gpuvm-pvdrm-")
+// serveOnSocket serves agg's device-model protocol on a socket of its own
+// for the test's length and returns its path.
+func serveOnSocket(t *testing.T, agg *Aggregator) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gpuvm-agg-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +35,15 @@ func TestPVDRMServedAndDestroyed(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- agg.Serve(ctx, ln) }()
 	t.Cleanup(func() { cancel(); <-served; ln.Close() })
+	return sock
+}
+
+// A pvdrm front end over the real handshake: it is served, listed by the
+// control API in its mode, and destroyed through it — after which its
+// requests fail and its vGPU is gone.
+func TestPVDRMServedAndDestroyed(t *testing.T) {
+	agg, _ := newTestAggregator(t, 2)
+	sock := serveOnSocket(t, agg)
 
 	fe, err := pvdrm.DialLocal(context.Background(), pvdrm.DialConfig{Socket: sock, DomID: 9, Name: "drm", Mode: "pvdrm-pooling", GARTSize: 64 << 20})
 	if err != nil {

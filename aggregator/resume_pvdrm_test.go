@@ -2,8 +2,6 @@ package aggregator
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -16,19 +14,7 @@ import (
 // is ever saved, and a fresh one is what the flag exists to rule out.
 func TestResumingPVDRMRefused(t *testing.T) {
 	agg, _ := newTestAggregator(t, 2)
-	dir, err := os.MkdirTemp("", "gpuvm-resume-pvdrm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "agg.sock")
-	ln, err := ipc.Listen(sock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- agg.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-served; ln.Close(); os.RemoveAll(dir) })
+	sock := serveOnSocket(t, agg)
 	ram, err := hostmem.New("pvdrm-resume", 64<<20)
 	if err != nil {
 		t.Fatal(err)
