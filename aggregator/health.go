@@ -154,6 +154,10 @@ func (a *Aggregator) loseBoard(why string) {
 	a.health.mu.Unlock()
 }
 
+// ErrBoardSettling is returned by Reinit for a lost board whose vGPUs are
+// still being taken off it: try again in a moment.
+var ErrBoardSettling = errors.New("its vGPUs are still being taken off; try again")
+
 // ErrBoardAnswers is returned by Reinit for a board that was never lost.
 var ErrBoardAnswers = errors.New("the board was not lost")
 
@@ -177,11 +181,13 @@ func (a *Aggregator) Reinit() error {
 	if !lost {
 		return fmt.Errorf("reinitialise board %s: %w", name, ErrBoardAnswers)
 	}
-	if !settled {
-		return fmt.Errorf("reinitialise board %s: its vGPUs are still being taken off; try again", name)
-	}
+	// A board that does not answer cannot be brought back, whatever else
+	// is under way: that is the first thing an operator needs to hear.
 	if got := a.gpu.Read32(nvc0.BAR0, nvc0.RegBoot0); got != boot0 {
 		return fmt.Errorf("reinitialise board %s: PMC_BOOT_0 reads %#08x, not the board's %#08x: %w", name, got, boot0, ErrBoardLost)
+	}
+	if !settled {
+		return fmt.Errorf("reinitialise board %s: %w", name, ErrBoardSettling)
 	}
 	a.mu.Lock()
 	for i, v := range a.vgpus {

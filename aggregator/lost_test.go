@@ -116,8 +116,13 @@ func TestLostDeviceResetAfterRepair(t *testing.T) {
 			if err := boardA.ReadVRAM(stale, first.v.Info().VRAMBase); err != nil { // parked: base 0, the board's start
 				t.Fatal(err)
 			}
-			if err := a.Reinit(); err != nil {
-				t.Fatal(err)
+			var rerr error
+			waitFor(t, "the lost board's vGPUs to be taken off", func() bool {
+				rerr = a.Reinit()
+				return !errors.Is(rerr, ErrBoardSettling)
+			})
+			if rerr != nil {
+				t.Fatal(rerr)
 			}
 			if lost, why := a.Lost(); lost || a.Reinits() != 1 {
 				t.Fatalf("after Reinit: lost %v %q, reinits %d", lost, why, a.Reinits())
