@@ -170,9 +170,14 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 		a.releaseMoved(v, st.Slot, a)
 		if pending {
 			// Its guest waits for work the eviction held back: wake its
-			// fence sleeps, so that their look at the registers brings it
-			// back (it queues for a slot).
+			// fence sleeps — a pvdrm back end's CPU_PREP waiters too —
+			// so that their look at the registers brings it back (it
+			// queues for a slot). Left asleep, a pvdrm waiter found the
+			// vGPU parked only at its next fault poll.
 			v.raiseIRQ()
+			if v.pvdrmWake != nil { // set once at attach
+				v.pvdrmWake()
+			}
 		}
 		log.Info("vGPU evicted", "reason", reason, "policy", EvictPolicy, "from_slot", st.Slot, "bytes", st.Bytes, "took", st.Took)
 		a.paused(Pause{Kind: PauseEvict, VGPU: v.ID, FromBoard: st.Board, ToBoard: st.Board,
