@@ -108,7 +108,9 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	POST   /v1/vgpus/{id}/evict  park a vGPU (evict.go): its slot is freed, its
 //	                             guest's next access brings it back
 //	POST   /v1/vgpus/{id}/save   park a vGPU and stream its state image (save.go);
-//	                             it is destroyed once written (?keep=1: stays parked)
+//	                             it is held parked for the commit (?keep=1: stays parked)
+//	POST   /v1/vgpus/{id}/save/commit?token=T  the image is safe: destroy the vGPU
+//	POST   /v1/vgpus/{id}/save/abort?token=T   it is not: the vGPU resumes here
 //	POST   /v1/domains/{domid}/restore  an image for the domain's next device model (restore.go)
 //	GET    /v1/layout      how the board is partitioned
 //	GET    /v1/types       the vGPU profiles and how many more of each fit
@@ -144,6 +146,8 @@ func (a *Aggregator) ControlHandler() http.Handler {
 		a.serveReset(w, r.PathValue("id"))
 	})
 	mux.HandleFunc("POST /v1/vgpus/{id}/save", a.serveSave)
+	mux.HandleFunc("POST /v1/vgpus/{id}/save/commit", a.serveSaveEnd(true))
+	mux.HandleFunc("POST /v1/vgpus/{id}/save/abort", a.serveSaveEnd(false))
 	mux.HandleFunc("POST /v1/domains/{domid}/restore", a.serveRestore)
 	mux.HandleFunc("POST /v1/vgpus/{id}/evict", func(w http.ResponseWriter, r *http.Request) {
 		a.serveEvict(w, r)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
@@ -72,12 +73,29 @@ func TestControlSaveRestoreRoutes(t *testing.T) {
 		t.Fatalf("%d images registered after refusals", n)
 	}
 
-	code, img, hdr := postControl(t, srv, "/v1/vgpus/"+strconv.Itoa(g.v.ID)+"/save", nil)
-	if code != http.StatusOK || hdr.Get("Content-Type") != "application/octet-stream" {
-		t.Fatalf("save: %d %s", code, hdr.Get("Content-Type"))
+	id := strconv.Itoa(g.v.ID)
+	code, img, hdr := postControl(t, srv, "/v1/vgpus/"+id+"/save", nil)
+	token := hdr.Get(SaveTokenHeader)
+	if code != http.StatusOK || hdr.Get("Content-Type") != "application/octet-stream" || token == "" {
+		t.Fatalf("save: %d %s, token %q", code, hdr.Get("Content-Type"), token)
+	}
+	// Held for the commit: there, parked, with no restore possible.
+	if n := len(agg.VGPUs()); n != 1 || !g.v.Evicted() {
+		t.Fatalf("%d vGPUs before the commit (parked: %v), want the one, parked", n, g.v.Evicted())
+	}
+	for _, bad := range []string{"", "?token=", "?token=" + token + "x"} {
+		if code, body, _ := postControl(t, srv, "/v1/vgpus/"+id+"/save/commit"+bad, nil); code != http.StatusConflict {
+			t.Errorf("commit with token %q: %d %s, want 409", bad, code, body)
+		}
+	}
+	if n := len(agg.VGPUs()); n != 1 {
+		t.Fatalf("%d vGPUs after refused commits, want 1", n)
+	}
+	if code, body, _ := postControl(t, srv, "/v1/vgpus/"+id+"/save/commit?token="+token, nil); code != http.StatusOK || !strings.Contains(body, `"destroyed": true`) {
+		t.Fatalf("commit: %d %s", code, body)
 	}
 	if n := len(agg.VGPUs()); n != 0 {
-		t.Fatalf("%d vGPUs after the save", n)
+		t.Fatalf("%d vGPUs after the commit", n)
 	}
 	if code, body, _ := postControl(t, srv, "/v1/vgpus/"+strconv.Itoa(g.v.ID)+"/save", nil); code != http.StatusNotFound {
 		t.Errorf("second save of the saved vGPU: %d %s", code, body)
@@ -99,5 +117,77 @@ func TestControlSaveRestoreRoutes(t *testing.T) {
 	}
 	if !agg.HasRestore(7) {
 		t.Fatal("the image does not wait for domain 7")
+	}
+}
+
+// TestSaveNotCommittedResumes: a save whose client never commits — it
+// aborts, or says nothing until the hold times out — leaves the vGPU
+// attached and parked, and its guest's next workload brings it back here
+// and verifies; a commit after that is refused and destroys nothing. Two
+// saves under way at once take the daemon's transfers; a third is 503.
+func TestSaveNotCommittedResumes(t *testing.T) {
+	agg, _ := newTestAggregator(t, 2)
+	g := startGuest(t, agg, "vm1", "fv-optimized")
+	verifiedWork(t, g)
+	srv := httptest.NewServer(agg.ControlHandler())
+	defer srv.Close()
+	id := strconv.Itoa(g.v.ID)
+
+	for _, how := range []string{"abort", "timeout"} {
+		code, _, hdr := postControl(t, srv, "/v1/vgpus/"+id+"/save", nil)
+		token := hdr.Get(SaveTokenHeader)
+		if code != http.StatusOK || token == "" {
+			t.Fatalf("%s: save: %d", how, code)
+		}
+		switch how {
+		case "abort":
+			if code, body, _ := postControl(t, srv, "/v1/vgpus/"+id+"/save/abort?token="+token, nil); code != http.StatusOK {
+				t.Fatalf("abort: %d %s", code, body)
+			}
+		case "timeout":
+			h := g.v.saveHold.Load()
+			if h == nil {
+				t.Fatal("no hold after the save")
+			}
+			h.timer.Reset(time.Millisecond)
+			for g.v.saveHold.Load() != nil {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if code, body, _ := postControl(t, srv, "/v1/vgpus/"+id+"/save/commit?token="+token, nil); code != http.StatusConflict {
+			t.Fatalf("%s: a late commit: %d %s, want 409", how, code, body)
+		}
+		if n := len(agg.VGPUs()); n != 1 || !g.v.Evicted() {
+			t.Fatalf("%s: %d vGPUs (parked %v), want the one still parked", how, n, g.v.Evicted())
+		}
+		verifiedWork(t, g)
+		if g.v.Evicted() {
+			t.Fatalf("%s: the guest's work ran but the vGPU is still parked", how)
+		}
+	}
+
+	var dones []func()
+	for range MaxImageTransfers {
+		done, ok := agg.reg.TryImageTransfer()
+		if !ok {
+			t.Fatal("fewer image transfers than MaxImageTransfers")
+		}
+		dones = append(dones, done)
+	}
+	if code, body, _ := postControl(t, srv, "/v1/vgpus/"+id+"/save", nil); code != http.StatusServiceUnavailable {
+		t.Fatalf("a save past the transfer bound: %d %s, want 503", code, body)
+	}
+	if code, body, _ := postControl(t, srv, "/v1/domains/9/restore", []byte("x")); code != http.StatusServiceUnavailable {
+		t.Fatalf("a restore past the transfer bound: %d %s, want 503", code, body)
+	}
+	if g.v.Evicted() || len(agg.VGPUs()) != 1 {
+		t.Fatal("a refused save touched the vGPU")
+	}
+	for _, d := range dones {
+		d()
+		d() // twice is once
+	}
+	if _, ok := agg.reg.TryImageTransfer(); !ok {
+		t.Fatal("transfers not given back")
 	}
 }

@@ -18,13 +18,41 @@ import (
 //
 // Boards that share a Registry (Options.Registry) can never attach the same
 // domain twice, whichever of them its device model reaches first.
+//
+// It also bounds the state images moving through the daemon at once
+// (saves and restores, TryImageTransfer): each holds up to a few times the
+// VRAM it carries in dom0's memory.
 type Registry struct {
 	mu     sync.Mutex
 	guests map[int]Guest // by vGPU id: held from claim to release
+	// transfers has a token per image transfer under way.
+	transfers chan struct{}
 }
 
+// MaxImageTransfers is how many saves and restores a daemon serves at
+// once; another is refused (busy) until one ends.
+const MaxImageTransfers = 2
+
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{guests: map[int]Guest{}} }
+func NewRegistry() *Registry {
+	return &Registry{guests: map[int]Guest{}, transfers: make(chan struct{}, MaxImageTransfers)}
+}
+
+// TryImageTransfer takes one of the daemon's MaxImageTransfers for a save
+// or a restore: done gives it back. ok is false when all are taken.
+func (r *Registry) TryImageTransfer() (done func(), ok bool) {
+	select {
+	case r.transfers <- struct{}{}:
+		var once sync.Once
+		return func() { once.Do(func() { <-r.transfers }) }, true
+	default:
+		return nil, false
+	}
+}
+
+// ErrTransfersBusy is a save or restore refused because MaxImageTransfers
+// are under way.
+var ErrTransfersBusy = fmt.Errorf("%d state images are being saved or restored already: try again when one ends", MaxImageTransfers)
 
 // claim takes the lowest free id for g, or refuses g (ErrDuplicate) when its
 // domid or its name holds a vGPU already — one being built or torn down

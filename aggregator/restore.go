@@ -69,6 +69,12 @@ func (a *Aggregator) RegisterRestore(domid uint32, r io.Reader) (RestoreInfo, er
 	if err != nil {
 		return RestoreInfo{}, fmt.Errorf("%w: %w", ErrImageRefused, err)
 	}
+	return a.RegisterImage(domid, img)
+}
+
+// RegisterImage is RegisterRestore of an image decoded already (by a host
+// choosing among its boards): it takes img, scrubbing it if refused.
+func (a *Aggregator) RegisterImage(domid uint32, img *vgpuimage.Image) (RestoreInfo, error) {
 	if err := a.CheckImage(domid, img); err != nil {
 		img.Scrub()
 		return RestoreInfo{}, err
@@ -466,14 +472,21 @@ func (a *Aggregator) restoreNow(v *VGPU) (EvictStats, error) {
 // serveRestore answers POST /v1/domains/{domid}/restore: the body is an
 // image (at most a slot's VRAM and the format's overhead); 200 with its
 // RestoreInfo once it waits for the domain, 400 with the reason when it
-// is refused (nothing registered).
+// is refused (nothing registered), 503 when MaxImageTransfers are under
+// way. A client that stops sending for TransferStall is cut off.
 func (a *Aggregator) serveRestore(w http.ResponseWriter, r *http.Request) {
 	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
 		return
 	}
-	info, err := a.RegisterRestore(uint32(domid), http.MaxBytesReader(w, r.Body, a.MaxImageBytes()))
+	done, ok := a.reg.TryImageTransfer()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": ErrTransfersBusy.Error()})
+		return
+	}
+	defer done()
+	info, err := a.RegisterRestore(uint32(domid), StallReader(w, http.MaxBytesReader(w, r.Body, a.MaxImageBytes())))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
@@ -489,4 +502,20 @@ func (a *Aggregator) MaxImageBytes() int64 {
 		vram = a.layout.Slots[0].VRAM.Size
 	}
 	return int64(vram + maxImageOverhead)
+}
+
+// StallReader reads a request's body for w's handler, giving each read
+// TransferStall to arrive.
+func StallReader(w http.ResponseWriter, body io.Reader) io.Reader {
+	return &stallReader{rc: http.NewResponseController(w), r: body}
+}
+
+type stallReader struct {
+	rc *http.ResponseController
+	r  io.Reader
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	_ = s.rc.SetReadDeadline(time.Now().Add(TransferStall)) // not every server has deadlines
+	return s.r.Read(p)
 }

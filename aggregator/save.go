@@ -3,11 +3,14 @@ package aggregator
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/gpuvm/gpuvm/config"
@@ -47,52 +50,128 @@ type SaveStats struct {
 	Pause, Took time.Duration
 }
 
+// SaveCommitTimeout is how long a saved vGPU is held parked for its
+// image's commit (SaveHold): past it the save is aborted and the vGPU
+// resumes here at its guest's next access.
+const SaveCommitTimeout = time.Minute
+
+// SaveHold is a saved vGPU held parked, with no restore of it possible,
+// until the caller knows its image is safe: Commit destroys it, Abort
+// lets it resume here. Without either, the hold aborts itself after
+// SaveCommitTimeout. A save is two-phase so that a vGPU is never gone
+// before its image is on disk: an image written to a client that then
+// fails to store it (a full disk, a dropped connection) costs the guest a
+// pause, not its GPU.
+type SaveHold struct {
+	a     *Aggregator
+	v     *VGPU
+	token string
+	timer *time.Timer
+	once  sync.Once
+	err   error
+}
+
 // Save parks v, writes its state image to w and then destroys it — or,
 // with keep, leaves it parked. ctx bounds the wait for its work in flight.
+// It is SaveHeld committed at once, for callers whose writer is the
+// image's final place.
 func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, error) {
+	st, h, err := a.SaveHeld(ctx, v, w, keep)
+	if err != nil || h == nil {
+		return st, err
+	}
+	return st, h.Commit()
+}
+
+// SaveHeld parks v and writes its state image to w. With keep it leaves v
+// parked (its guest's next access resumes it here) and returns no hold;
+// otherwise it returns v held parked until the hold is committed or
+// aborted. An image that could not be written leaves v parked either way.
+func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, *SaveHold, error) {
 	start := time.Now()
 	var st SaveStats
 	if config.Mode(v.Guest.Mode).IsPVDRM() {
-		return st, fmt.Errorf("save vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+		return st, nil, fmt.Errorf("save vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
 	}
-	// No restore from the moment it is parked until it is destroyed (or,
-	// kept, until its image is written): a guest access meanwhile waits
-	// in ensureResident. Were it let through between the capture and the
-	// destruction it would run on state the image does not hold, and its
-	// device model, which repeats on the restored vGPU only the accesses
-	// that got no answer, would go on from a state the image lacks.
+	// No restore from the moment it is parked until it is destroyed or
+	// the hold is let go (kept: until its image is written): a guest
+	// access meanwhile waits in ensureResident. Were it let through
+	// between the capture and the destruction it would run on state the
+	// image does not hold, and its device model, which repeats on the
+	// restored vGPU only the accesses that got no answer, would go on
+	// from a state the image lacks.
 	v.restoreMu.Lock()
-	locked := true
+	held := false
 	defer func() {
-		if locked {
+		if !held {
 			v.restoreMu.Unlock()
 		}
 	}()
 	cur, _ := v.where()
 	ev, err := cur.Evict(ctx, v, "saving its state")
 	if err != nil {
-		return st, fmt.Errorf("save: %w", err)
+		return st, nil, fmt.Errorf("save: %w", err)
 	}
 	st.Pause = ev.Took
 	img, err := v.capture()
 	if err != nil {
-		return st, fmt.Errorf("save vGPU %d: %w", v.ID, err)
+		return st, nil, fmt.Errorf("save vGPU %d: %w", v.ID, err)
 	}
 	defer img.Scrub()
 	st.Bytes = img.Bytes()
 	if err := vgpuimage.Encode(w, img); err != nil {
-		return st, fmt.Errorf("save vGPU %d: writing the image: %w (the vGPU stays parked)", v.ID, err)
+		return st, nil, fmt.Errorf("save vGPU %d: writing the image: %w (the vGPU stays parked)", v.ID, err)
 	}
 	st.Took = time.Since(start)
 	v.logger().Info("vGPU saved", "bytes", st.Bytes, "pause", st.Pause, "took", st.Took, "keep", keep)
 	if keep {
-		return st, nil
+		return st, nil, nil
 	}
-	cur, _ = v.where()
-	err = cur.Destroy(v, SaveReason)
-	v.restoreMu.Unlock()
-	locked = false
-	return st, err
+	held = true
+	h := &SaveHold{a: a, v: v}
+	h.timer = time.AfterFunc(SaveCommitTimeout, func() {
+		if h.release(false) {
+			v.logger().Warn("save not committed in time: the vGPU stays parked and resumes here", "timeout", SaveCommitTimeout)
+		}
+	})
+	return st, h, nil
+}
+
+// Commit destroys the held vGPU (its device model gets the Bye saying it
+// was saved). It fails if the hold timed out first.
+func (h *SaveHold) Commit() error {
+	if !h.release(true) {
+		return fmt.Errorf("commit save of vGPU %d: %w", h.v.ID, ErrSaveExpired)
+	}
+	return h.err
+}
+
+// Abort lets the held vGPU go on parked: its guest's next access resumes
+// it here. It reports whether the hold was still there to abort.
+func (h *SaveHold) Abort() bool { return h.release(false) }
+
+// ErrSaveExpired is a save's commit that came after the hold was let go
+// (timed out or aborted): the vGPU was not destroyed.
+var ErrSaveExpired = errors.New("the save was aborted or timed out, and the vGPU resumed or may resume here")
+
+// release ends the hold once: committing destroys the vGPU. It reports
+// whether this call ended it.
+func (h *SaveHold) release(commit bool) bool {
+	done := false
+	h.once.Do(func() {
+		done = true
+		h.timer.Stop()
+		if commit {
+			cur, _ := h.v.where()
+			h.err = cur.Destroy(h.v, SaveReason)
+			if errors.Is(h.err, ErrDetached) {
+				h.err = nil // gone already: its image is all that is left either way
+			}
+		}
+		h.v.saveHold.CompareAndSwap(h, nil)
+		h.v.restoreMu.Unlock()
+	})
+	return done
 }
 
 // capture copies parked v's state into an image. Called with
@@ -185,30 +264,55 @@ func (a *Aggregator) imageReg(off uint32) bool {
 	return ok && h.plain
 }
 
+// TransferStall bounds how long a save's stream may wait for its client
+// to read on, and a restore's for its client to send on: a stalled client
+// cannot hold a vGPU parked, or a transfer's memory, past it.
+const TransferStall = 30 * time.Second
+
+// SaveTokenHeader carries a save's token, which its commit and abort name
+// (?token=).
+const SaveTokenHeader = "Gpuvm-Save-Token"
+
 // serveSave answers POST /v1/vgpus/{id}/save: 200 with the image as the
-// body (application/octet-stream) and the vGPU destroyed once it is
-// written — kept parked with ?keep=1 —, 404 for no such vGPU, 501 for one
-// that cannot be saved, 409 when its work in flight did not end in time,
-// 500 otherwise. Headers go out only once the vGPU is parked, so an error
-// before that is a JSON answer; an error while streaming cuts the stream
-// short (the client's decoder finds it truncated) and leaves the vGPU
-// parked.
+// body (application/octet-stream) and the vGPU held parked for its commit
+// (serveSaveEnd) — kept parked with ?keep=1 —, 404 for no such vGPU, 501
+// for one that cannot be saved, 409 when its work in flight did not end in
+// time, 503 when MaxImageTransfers are under way, 500 otherwise. Headers
+// go out only once the vGPU is parked, so an error before that is a JSON
+// answer; an error while streaming cuts the stream short (the client's
+// decoder finds it truncated) and leaves the vGPU parked, and so does a
+// client that stops reading for TransferStall.
 func (a *Aggregator) serveSave(w http.ResponseWriter, r *http.Request) {
 	v := a.lookup(r.PathValue("id"))
 	if v == nil {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
 		return
 	}
+	done, ok := a.reg.TryImageTransfer()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": ErrTransfersBusy.Error()})
+		return
+	}
+	defer done()
 	keep := r.URL.Query().Get("keep") == "1"
+	token := ""
+	if !keep {
+		token = rand.Text()
+		w.Header().Set(SaveTokenHeader, token)
+	}
 	cur, _ := v.where()
 	ctx, cancel := context.WithTimeout(r.Context(), cur.opts.Timeout)
 	defer cancel()
-	sw := &lazyHeader{w: w}
-	_, err := cur.Save(ctx, v, sw, keep)
+	sw := &lazyHeader{w: w, rc: http.NewResponseController(w)}
+	_, h, err := cur.SaveHeld(ctx, v, sw, keep)
 	switch {
 	case err == nil:
 		if !sw.started {
 			sw.start()
+		}
+		if h != nil {
+			h.token = token
+			v.saveHold.Store(h)
 		}
 	case sw.started:
 		a.log.Warn("save: image cut short", "vgpu", v.ID, "err", err)
@@ -217,10 +321,50 @@ func (a *Aggregator) serveSave(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// serveSaveEnd answers POST /v1/vgpus/{id}/save/commit and .../abort
+// (?token= the save's): the commit destroys the vGPU held for it (200
+// {"destroyed":true}), the abort lets it resume here (200
+// {"aborted":true}); 404 for no such vGPU, 409 when no save of it with
+// that token is held (it timed out or was aborted: the vGPU resumed, and
+// the image is stale).
+func (a *Aggregator) serveSaveEnd(commit bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v := a.lookup(r.PathValue("id"))
+		if v == nil {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
+			return
+		}
+		h := v.saveHold.Load()
+		token := r.URL.Query().Get("token")
+		if h == nil || token == "" || subtle.ConstantTimeCompare([]byte(h.token), []byte(token)) != 1 {
+			writeJSON(w, http.StatusConflict, map[string]string{"error": "no save of this vGPU with that token is held: " + ErrSaveExpired.Error()})
+			return
+		}
+		if !commit {
+			if !h.Abort() {
+				writeJSON(w, http.StatusConflict, map[string]string{"error": ErrSaveExpired.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, map[string]bool{"aborted": true})
+			return
+		}
+		if err := h.Commit(); err != nil {
+			code := http.StatusInternalServerError
+			if errors.Is(err, ErrSaveExpired) {
+				code = http.StatusConflict
+			}
+			writeJSON(w, code, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]bool{"destroyed": true})
+	}
+}
+
 // lazyHeader sends the 200 and content type with the first byte of the
-// image.
+// image, and gives each write TransferStall to reach the client.
 type lazyHeader struct {
 	w       http.ResponseWriter
+	rc      *http.ResponseController
 	started bool
 }
 
@@ -234,5 +378,6 @@ func (l *lazyHeader) Write(p []byte) (int, error) {
 	if !l.started {
 		l.start()
 	}
+	_ = l.rc.SetWriteDeadline(time.Now().Add(TransferStall)) // not every writer has deadlines
 	return l.w.Write(p)
 }

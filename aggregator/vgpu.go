@@ -84,6 +84,8 @@ type VGPU struct {
 	active        atomic.Int64
 	residentSince atomic.Int64
 	restoreMu     sync.Mutex
+	// saveHold is a save of it held for its commit (save.go), nil: none.
+	saveHold atomic.Pointer[SaveHold]
 	// lostWhy is why the vGPU is a lost device (lost.go): its board fell
 	// off the bus while it was resident. nil: it is not.
 	lostWhy atomic.Pointer[string]

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -14,27 +13,28 @@ import (
 )
 
 // serveRestore answers POST /v1/domains/{domid}/restore on a host of
-// several boards: the image is read whole (bounded as the largest board
-// bounds it), decoded and checked, and registered on the first board whose
-// slots it fits; the domain's device model is then placed on that board.
-// 400 with the reason when it is refused (nothing registered).
+// several boards: the image is decoded as it arrives (bounded as the
+// largest board bounds it), checked, and registered on the first board
+// whose slots it fits; the domain's device model is then placed on that
+// board. 400 with the reason when it is refused (nothing registered), 503
+// when the daemon's image transfers are all under way.
 func (h *Host) serveRestore(w http.ResponseWriter, r *http.Request) {
 	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
 		return
 	}
+	done, ok := h.reg.TryImageTransfer()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": aggregator.ErrTransfersBusy.Error()})
+		return
+	}
+	defer done()
 	var limit int64
 	for _, b := range h.boards {
 		limit = max(limit, b.Agg.MaxImageBytes())
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "image: " + err.Error()})
-		return
-	}
-	info, err := h.RegisterRestore(uint32(domid), body)
-	clear(body)
+	info, err := h.RegisterRestore(uint32(domid), aggregator.StallReader(w, http.MaxBytesReader(w, r.Body, limit)))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
@@ -42,13 +42,14 @@ func (h *Host) serveRestore(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info)
 }
 
-// RegisterRestore registers image for domain domid on the first board
-// whose checks it passes, replacing any image already waiting for the
-// domain on any board — only once the new one is known to be taken, so a
-// refused image never drops a good one. Registrations are one at a time,
-// so a domain's image waits on one board at most.
-func (h *Host) RegisterRestore(domid uint32, image []byte) (aggregator.RestoreInfo, error) {
-	img, err := vgpuimage.Decode(bytes.NewReader(image))
+// RegisterRestore decodes an image from r and registers it for domain
+// domid on the first board whose checks it passes, replacing any image
+// already waiting for the domain on any board — only once the new one is
+// known to be taken, so a refused image never drops a good one.
+// Registrations are one at a time, so a domain's image waits on one board
+// at most. The image is decoded once, as it arrives: dom0 holds it once.
+func (h *Host) RegisterRestore(domid uint32, r io.Reader) (aggregator.RestoreInfo, error) {
+	img, err := vgpuimage.Decode(r)
 	if err != nil {
 		return aggregator.RestoreInfo{}, fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
 	}
@@ -62,8 +63,8 @@ func (h *Host) RegisterRestore(domid uint32, image []byte) (aggregator.RestoreIn
 		target = b
 		break
 	}
-	img.Scrub() // the board decodes its own copy
 	if target == nil {
+		img.Scrub()
 		return aggregator.RestoreInfo{}, errors.Join(errs...)
 	}
 	h.restoreMu.Lock()
@@ -73,7 +74,7 @@ func (h *Host) RegisterRestore(domid uint32, image []byte) (aggregator.RestoreIn
 			b.Agg.ForgetRestore(domid)
 		}
 	}
-	info, err := target.Agg.RegisterRestore(domid, bytes.NewReader(image))
+	info, err := target.Agg.RegisterImage(domid, img)
 	if err != nil {
 		return info, fmt.Errorf("board %s: %w", target.Name, err)
 	}

@@ -61,12 +61,12 @@ func TestRefusedImageKeepsTheWaitingOne(t *testing.T) {
 		}
 		return b.Bytes()
 	}
-	if _, err := h.RegisterRestore(7, encode(good)); err != nil {
+	if _, err := h.RegisterRestore(7, bytes.NewReader(encode(good))); err != nil {
 		t.Fatalf("the good image: %v", err)
 	}
 	bad := *good
 	bad.Identity.Mode = "pvdrm"
-	if _, err := h.RegisterRestore(7, encode(&bad)); err == nil {
+	if _, err := h.RegisterRestore(7, bytes.NewReader(encode(&bad))); err == nil {
 		t.Fatal("an image of a pvdrm vGPU was taken")
 	}
 	if b := h.restoreBoard(7); b == nil {

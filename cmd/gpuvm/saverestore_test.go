@@ -41,7 +41,9 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // TestSaveRestoreAcrossDaemons is issue 18's save → restore on a second
 // daemon with real processes: two `gpuvm serve` daemons, each with its own
 // sockets and simulated board; a VM process loops verified madd and cpy on
-// daemon a; `gpuvm vgpu save` takes its vGPU through a's control socket;
+// daemon a; a save to a file that cannot be stored is aborted and the VM
+// goes on computing on a; `gpuvm vgpu save` takes its vGPU through a's
+// control socket;
 // two hostile images (the file truncated, one byte flipped) given to
 // `gpuvm vgpu restore` on b are refused with the decoder's reason and exit
 // status 1, nothing attached — the VM, asking b for its vGPU all the
@@ -77,6 +79,25 @@ func TestSaveRestoreAcrossDaemons(t *testing.T) {
 		t.Fatal("the VM's vGPU is not on a")
 	}
 	honestBefore, _ := vgpuNamed(t, ctlB, "honest")
+
+	// A save whose image cannot be stored is aborted: the vGPU is not
+	// destroyed, and the VM computes on a right after.
+	out, errOut, code := runCLI(t, "vgpu", "save", "--control-socket", ctlA, strconv.Itoa(saved.ID), dir+"/no/such/dir/saved.img")
+	if code != exitFailure || !strings.Contains(errOut, "resumes") {
+		t.Fatalf("a save to a directory that does not exist: exit %d, want %d saying the vGPU resumes\n%s%s", code, exitFailure, out, errOut)
+	}
+	aborted, ok := vgpuNamed(t, ctlA, "saved")
+	if !ok || aborted.ID != saved.ID {
+		t.Fatalf("after an aborted save the VM's vGPU is gone from a (%+v)", aborted)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) { // a hang guard only
+		if v, _ := vgpuNamed(t, ctlA, "saved"); v.Sched.Submissions > aborted.Sched.Submissions {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the VM did not compute on a after the aborted save")
+		}
+	}
 
 	img := dir + "/saved.img"
 	start := time.Now()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
@@ -33,13 +35,15 @@ func vgpuSaveCommand(ctl cli.Flag) *cli.Command {
 		Description: "Parks vGPU ID at a submission boundary (as gpuvm vgpu evict does: its work in flight\n" +
 			"ends, its channels stop with their state saved, its VRAM in use is copied off the board)\n" +
 			"and writes its state image (docs/protocol.md §13) to FILE: registers, channels, PV tables,\n" +
-			"scheduler account and VRAM pages, with a SHA-256 checksum. Once the image is written the\n" +
-			"vGPU is destroyed and its device model is told it was saved; with --keep it stays parked\n" +
-			"and its guest's next access resumes it here. The image is checked as it arrives and only\n" +
-			"a complete one is left at FILE. pvdrm vGPUs cannot be saved. gpuvm vgpu restore gives\n" +
-			"the image to this or another daemon.\n\n" +
+			"scheduler account and VRAM pages, with a SHA-256 checksum. The image is checked as it\n" +
+			"arrives; once it is whole and on disk the save is committed: the vGPU is destroyed, its\n" +
+			"device model told it was saved, and the image renamed to FILE. Until then the guest is\n" +
+			"paused; a save that fails before (a short stream, a full disk) is aborted and the vGPU\n" +
+			"resumes on the daemon, with no FILE left. With --keep it stays parked and its guest's\n" +
+			"next access resumes it here. pvdrm vGPUs cannot be saved. gpuvm vgpu restore gives the\n" +
+			"image to this or another daemon.\n\n" +
 			"Exit status: 0 once FILE holds the image; 1 if there is no such vGPU, it cannot be\n" +
-			"saved, or the image could not be written (the vGPU then stays parked); 2 for bad arguments.",
+			"saved, or the image could not be stored (the vGPU then resumes); 2 for bad arguments.",
 		Flags: []cli.Flag{ctl, &cli.BoolFlag{Name: "keep", Usage: "leave the vGPU parked instead of destroying it"}},
 		Action: func(c *cli.Context) error {
 			args := positional(c)
@@ -53,18 +57,23 @@ func vgpuSaveCommand(ctl cli.Flag) *cli.Command {
 			if c.Bool("keep") {
 				url += "?keep=1"
 			}
-			return saveImage(c, url, args[1])
+			return saveImage(c, url, args[1], c.Bool("keep"))
 		}}
 }
 
 // saveImage streams the image at url into file, checking it as it
-// arrives; only a complete, valid image is renamed into place.
-func saveImage(c *cli.Context, url, file string) error {
+// arrives. The daemon holds the vGPU parked meanwhile; only once the image
+// is whole and on disk (fsync) is the save committed — the vGPU destroyed
+// — and then renamed into place. A save that fails before is aborted: the
+// vGPU resumes on the daemon, and no file is left. keep: no commit (the
+// vGPU stays parked either way).
+func saveImage(c *cli.Context, url, file string, keep bool) error {
+	client := streamClient(c.Path("control-socket"))
 	req, err := http.NewRequestWithContext(c.Context, http.MethodPost, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := streamClient(c.Path("control-socket")).Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
 	}
@@ -72,22 +81,67 @@ func saveImage(c *cli.Context, url, file string) error {
 	if resp.StatusCode != http.StatusOK {
 		return &exitError{code: exitFailure, err: controlRefusal(resp)}
 	}
+	token := resp.Header.Get(aggregator.SaveTokenHeader)
+	if !keep && token == "" {
+		return &exitError{code: exitFailure, err: errors.New("the daemon sent no save token: it cannot be committed (is it an older gpuvm?); the vGPU stays parked")}
+	}
+	// end commits the save or aborts it.
+	end := func(verb string) error {
+		u := url[:strings.IndexByte(url+"?", '?')] + "/" + verb + "?token=" + token
+		req, err := http.NewRequestWithContext(context.WithoutCancel(c.Context), http.MethodPost, u, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("control API: %w", err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return controlRefusal(resp)
+		}
+		return nil
+	}
+	fail := func(err error) error {
+		if !keep {
+			if aerr := end("abort"); aerr != nil {
+				err = fmt.Errorf("%w (and the abort: %v; the daemon lets it resume after %v)", err, aerr, aggregator.SaveCommitTimeout)
+			}
+		}
+		return &exitError{code: exitFailure, err: err}
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
 	if err != nil {
-		return &exitError{code: exitFailure, err: err}
+		return fail(fmt.Errorf("%w (the vGPU resumes on the daemon)", err))
 	}
 	defer os.Remove(tmp.Name()) // after the rename: nothing
 	img, derr := vgpuimage.Decode(io.TeeReader(resp.Body, tmp))
-	cerr := tmp.Close()
-	if derr != nil {
-		return &exitError{code: exitFailure, err: fmt.Errorf("the image did not arrive whole (the vGPU stays parked on the daemon): %w", derr)}
+	if derr == nil {
+		defer img.Scrub()
+		derr = tmp.Sync()
 	}
-	defer img.Scrub()
-	if cerr != nil {
-		return &exitError{code: exitFailure, err: cerr}
+	if cerr := tmp.Close(); derr == nil {
+		derr = cerr
+	}
+	if derr != nil {
+		return fail(fmt.Errorf("the image did not arrive whole or could not be stored, so the save is aborted and the vGPU resumes on the daemon: %w", derr))
+	}
+	if !keep {
+		if err := end("commit"); err != nil {
+			return &exitError{code: exitFailure, err: fmt.Errorf("commit: %w (no image was kept)", err)}
+		}
 	}
 	if err := os.Rename(tmp.Name(), file); err != nil {
+		// Committed: this copy is the vGPU's state now. Keep it where it is.
+		kept := tmp.Name() + ".saved"
+		if lerr := os.Link(tmp.Name(), kept); lerr == nil {
+			return &exitError{code: exitFailure, err: fmt.Errorf("the vGPU is saved, but %v: its image is at %s", err, kept)}
+		}
 		return &exitError{code: exitFailure, err: err}
+	}
+	if d, err := os.Open(filepath.Dir(file)); err == nil {
+		_ = d.Sync() // the rename on disk too
+		d.Close()
 	}
 	fmt.Fprintf(c.App.Writer, "saved vGPU of %s (mode %s, %d bytes of VRAM) to %s\n", img.Identity.Name, img.Identity.Mode, img.Bytes(), file)
 	return nil
