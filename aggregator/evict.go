@@ -212,7 +212,9 @@ func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string
 		return pending, failed, err
 	}
 	img := &evictImage{chans: imgs, pv: pv}
-	if err := exportSlot(a, from.VRAM, img); err != nil {
+	// Its own VRAM only: a quota narrows the slot's (the guest sees
+	// [0, v.Slot.VRAM.Size)), and nothing of it lies past that.
+	if err := exportSlot(a, Region{Base: from.VRAM.Base, Size: v.Slot.VRAM.Size}, img); err != nil {
 		img.scrub()
 		return pending, "copying its VRAM out", err
 	}

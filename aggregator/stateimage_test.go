@@ -326,3 +326,46 @@ func TestSaveRefusesPVDRM(t *testing.T) {
 		t.Fatalf("save of a pvdrm vGPU: %v", err)
 	}
 }
+
+// TestSaveQuotaVGPU: a vGPU whose quota narrows its slot's VRAM is saved
+// with its own VRAM only — a page of the slot past the quota (written
+// here from the host side: the guest has no way to it) is not in the
+// image, which another daemon with the same quota takes and restores, and
+// the guest verifies there.
+func TestSaveQuotaVGPU(t *testing.T) {
+	const quota = 128 << 20
+	opts := Options{MaxVMs: 2, Quota: func(g Guest) Quota {
+		if g.Name == "narrow" {
+			return Quota{VRAM: quota}
+		}
+		return Quota{}
+	}}
+	src, board := newTestAggregatorWith(t, opts)
+	dst, _ := newTestAggregatorWith(t, opts)
+	s := startSavable(t, src, 5, "narrow", "fv-optimized")
+	if s.v.Slot.VRAM.Size != quota {
+		t.Fatalf("the vGPU has %d MiB of VRAM, want its quota", s.v.Slot.VRAM.Size>>20)
+	}
+	verifiedWork(t, s.guestVM)
+	past := src.layout.Slots[s.v.Slot.Index].VRAM.Base + quota + 4096
+	if err := board.WriteVRAM([]byte{0xAA, 0xBB, 0xCC, 0xDD}, past); err != nil {
+		t.Fatal(err)
+	}
+	img := s.save(t, src)
+	m, err := vgpuimage.Decode(bytes.NewReader(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range m.Pages {
+		if p.Off+uint64(len(p.Data)) > quota {
+			t.Fatalf("the image has a page at %#x+%#x, past the vGPU's %d MiB", p.Off, len(p.Data), quota>>20)
+		}
+	}
+	if _, err := dst.RegisterRestore(5, bytes.NewReader(img)); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	nv := attachRAM(t, dst, s.g, s.ram)
+	s.port.v.Store(nv)
+	s.v = nv
+	verifiedWork(t, s.guestVM)
+}
