@@ -132,6 +132,12 @@ func (b *Board) RestoreChannelState(ch int, img []uint32) error {
 	if !ok {
 		return fmt.Errorf("sim: restore channel %d: its user area is not in VRAM", ch)
 	}
+	ramin := nvc0.InstDecode(c.inst)
+	if _, entries := nvc0.GPFIFODecode(b.vramRead32(ramin+nvc0.RAMINGPFIFOLo), b.vramRead32(ramin+nvc0.RAMINGPFIFOHi)); img[2] >= entries {
+		// The GPU never leaves GP_GET past its ring: the image is not one
+		// of this channel's.
+		return fmt.Errorf("sim: restore channel %d: GP_GET %d is past its ring of %d entries", ch, img[2], entries)
+	}
 	flags, w := img[1], img[6:]
 	c.gpGet = img[2]
 	if flags&chanImageBound != 0 {

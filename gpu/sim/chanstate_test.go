@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +31,16 @@ func TestChannelStateSaveRestore(t *testing.T) {
 		}
 		r.b.Write32(nvc0.BAR0, uint64(nvc0.ChanCtl(c.id)), nvc0.ChanCtlDefault)
 		if restore {
+			// GP_GET past the ring (an image not of this channel) is
+			// refused, and leaves the channel fresh for the real one.
+			past := slices.Clone(img)
+			_, entries := nvc0.GPFIFODecode(r.r32(c.ramin+nvc0.RAMINGPFIFOLo), r.r32(c.ramin+nvc0.RAMINGPFIFOHi))
+			for _, get := range []uint32{entries, 0xFFFFFFFF} {
+				past[2] = get
+				if err := r.b.RestoreChannelState(c.id, past); err == nil {
+					t.Fatalf("GP_GET %d restored into a ring of %d entries", get, entries)
+				}
+			}
 			if err := r.b.RestoreChannelState(c.id, img); err != nil {
 				t.Fatal(err)
 			}
