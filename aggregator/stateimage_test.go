@@ -34,7 +34,7 @@ type savedGuest struct {
 	g    Guest
 }
 
-func startSavable(t *testing.T, agg *Aggregator, domid uint32, name, mode string) *savedGuest {
+func startSavable(t testing.TB, agg *Aggregator, domid uint32, name, mode string) *savedGuest {
 	t.Helper()
 	ram, err := hostmem.New(name, 64<<20)
 	if err != nil {
@@ -57,7 +57,7 @@ func startSavable(t *testing.T, agg *Aggregator, domid uint32, name, mode string
 }
 
 // attachRAM attaches g over ram on agg: nil and the error if refused.
-func attachRAM(t *testing.T, agg *Aggregator, g Guest, ram *hostmem.RAM) *VGPU {
+func attachRAM(t testing.TB, agg *Aggregator, g Guest, ram *hostmem.RAM) *VGPU {
 	t.Helper()
 	v, err := attachRAMErr(agg, g, ram)
 	if err != nil {
