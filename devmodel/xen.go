@@ -54,6 +54,74 @@ type XenRouter struct {
 	mu      sync.Mutex
 	claimer Claimer
 	claimed map[int]ioreq.Claim // BAR index → what is claimed for it
+	// onPlace is told the placements after each change (OnPlacements).
+	onPlace func([]BARPlacement)
+}
+
+// OnPlacements has f told where the BARs are after each change of their
+// placement or decoding (the guest's firmware or driver writing the config
+// space, PlaceBARs, PlaceAt), and once now. f runs in the ioreq handler:
+// it must not wait on the guest.
+func (r *XenRouter) OnPlacements(f func([]BARPlacement)) {
+	r.mu.Lock()
+	r.onPlace = f
+	r.mu.Unlock()
+	f(r.cfg.Placements())
+}
+
+// placed tells onPlace. Called with r.mu held.
+func (r *XenRouter) placed() {
+	if r.onPlace != nil {
+		r.onPlace(r.cfg.Placements())
+	}
+}
+
+// PlaceAt places the BARs exactly as ps says (the placements a saved
+// domain's device model had: its guest's firmware programmed them before
+// the save, and its kernel will not again), decoding on for the kinds of
+// BAR ps has enabled. A placement must name one of the device's BARs with
+// its size.
+func (r *XenRouter) PlaceAt(ps []BARPlacement) error {
+	var cmd uint32 = pciCommandMaster
+	for _, p := range ps {
+		var d *barDef
+		for i := range r.cfg.bars {
+			if r.cfg.bars[i].index == p.Index {
+				d = &r.cfg.bars[i]
+			}
+		}
+		switch {
+		case d == nil:
+			return fmt.Errorf("BAR%d: the device has no such BAR", p.Index)
+		case d.size != p.Size || (d.flags&barIO != 0) != p.IO:
+			return fmt.Errorf("BAR%d: %d bytes (io %v) saved, the device's is %d bytes (io %v)", p.Index, p.Size, p.IO, d.size, d.flags&barIO != 0)
+		case p.Base%p.Size != 0 || (p.IO && p.Base+p.Size > 0x10000) || (!p.IO && d.flags&barMem64 == 0 && p.Base+p.Size > 1<<32):
+			return fmt.Errorf("BAR%d at %#x: not a place for %d bytes", p.Index, p.Base, p.Size)
+		}
+		reg := pciBAR0 + 4*d.index
+		if err := r.cfg.Write(reg, 4, uint32(p.Base)); err != nil {
+			return err
+		}
+		if d.flags&barMem64 != 0 {
+			if err := r.cfg.Write(reg+4, 4, uint32(p.Base>>32)); err != nil {
+				return err
+			}
+		}
+		switch {
+		case p.Enabled && p.IO:
+			cmd |= pciCommandIO
+		case p.Enabled:
+			cmd |= pciCommandMemory
+		}
+	}
+	if err := r.cfg.Write(pciCommand, 2, cmd); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.syncClaims()
+	r.placed()
+	return err
 }
 
 // NewXenRouter returns the router of the vGPU at PCI function dev, whose
@@ -118,6 +186,7 @@ func (r *XenRouter) PlaceBARs(mem, io uint64) ([]BARPlacement, error) {
 	if err := r.syncClaims(); err != nil {
 		return nil, err
 	}
+	r.placed()
 	return r.cfg.Placements(), nil
 }
 
@@ -193,7 +262,9 @@ func (r *XenRouter) config(req ioreq.Request) (uint64, error) {
 	if req.Addr < pciBAR0+6*4 && req.Addr+uint64(req.Size) > pciCommand {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return 0, r.syncClaims()
+		err := r.syncClaims()
+		r.placed()
+		return 0, err
 	}
 	return 0, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -212,5 +213,67 @@ func TestXenRouterFillsWhole(t *testing.T) {
 	}
 	if len(b.fills) != 1 || b.fills[0] != 1000 {
 		t.Errorf("fill of 1000 words reached the backend as %v", b.fills)
+	}
+}
+
+// TestXenRouterPlaceAtAsSaved: placements recorded from one router (its
+// guest's firmware programmed the config space; OnPlacements saw each
+// change) put another router's BARs at the same addresses, decoding, so
+// an access there reaches the backend as before; placements that do not
+// fit the device (a BAR it lacks, a wrong size, a misaligned base) are
+// refused.
+func TestXenRouterPlaceAtAsSaved(t *testing.T) {
+	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
+	first := devmodel.NewXenRouter(dev, &recordingBackend{}, nil)
+	if err := first.Attach(claimAll{}); err != nil {
+		t.Fatal(err)
+	}
+	var seen [][]devmodel.BARPlacement
+	first.OnPlacements(func(ps []devmodel.BARPlacement) { seen = append(seen, ps) })
+	// The firmware: BAR0 where hvmloader would put it, then decoding on.
+	for _, w := range []ioreq.Request{
+		{Kind: ioreq.KindPCIConfig, Device: dev, Addr: 0x10, Size: 4, Write: true, Data: 0xF0000000},
+		{Kind: ioreq.KindPCIConfig, Device: dev, Addr: 0x04, Size: 2, Write: true, Data: 0x6},
+	} {
+		if _, err := first.Handle(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("OnPlacements told %d times, want 3 (at once, then each write)", len(seen))
+	}
+	saved := seen[len(seen)-1]
+	var bar0 devmodel.BARPlacement
+	for _, p := range saved {
+		if p.Index == nvc0.BAR0 {
+			bar0 = p
+		}
+	}
+	if bar0.Base != 0xF0000000 || !bar0.Enabled {
+		t.Fatalf("BAR0 recorded as %+v", bar0)
+	}
+
+	b := &recordingBackend{}
+	second := devmodel.NewXenRouter(dev, b, nil)
+	if err := second.Attach(claimAll{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.PlaceAt(saved); err != nil {
+		t.Fatal(err)
+	}
+	if got := second.ConfigSpace().Placements(); !slices.Equal(got, saved) {
+		t.Fatalf("placed %+v, saved %+v", got, saved)
+	}
+	if _, err := second.Handle(ioreq.Request{Kind: ioreq.KindMMIO, Addr: 0xF0000000 + 0x100, Size: 4, Write: true, Count: 1}); err != nil || b.writes != 1 {
+		t.Fatalf("a write at the saved BAR0: %v, %d writes", err, b.writes)
+	}
+	for _, bad := range []devmodel.BARPlacement{
+		{Index: 2, Base: 0xF0000000, Size: bar0.Size},
+		{Index: nvc0.BAR0, Base: 0xF0000000, Size: bar0.Size / 2},
+		{Index: nvc0.BAR0, Base: 0xF0000000 + 0x1000, Size: bar0.Size, Enabled: true},
+	} {
+		if err := second.PlaceAt([]devmodel.BARPlacement{bad}); err == nil {
+			t.Errorf("placement %+v taken", bad)
+		}
 	}
 }

@@ -28,6 +28,15 @@ type XenConfig struct {
 	// for guests whose firmware does not enumerate PCI (PVH). Zero leaves
 	// placement to the guest's firmware (HVM: hvmloader).
 	PlaceMem, PlaceIO uint64
+	// Placements, if any, places the BARs exactly so (XenRouter.PlaceAt):
+	// a restored domain's, as its device model had them at the save.
+	Placements []BARPlacement
+	// OnPlacements, if set, is told where the BARs are now and after each
+	// change (XenRouter.OnPlacements): gpuvm xl records them for a save.
+	OnPlacements func([]BARPlacement)
+	// Resume sends a resuming Hello (docs/protocol.md §13.7): the vGPU
+	// comes back from the state image waiting for the domain.
+	Resume bool
 	// XenDir holds privcmd and evtchn ("" = /dev/xen).
 	XenDir string
 	// Spin is how many times the aggregator connection polls for a reply
@@ -70,7 +79,7 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: cfg.RAMSize,
-		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen}
+		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen, Resume: cfg.Resume}
 	spin := cfg.Spin
 	if spin == 0 {
 		spin = -1
@@ -121,10 +130,18 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	if err := m.router.Attach(m.srv); err != nil {
 		return nil, err
 	}
-	if cfg.PlaceMem != 0 {
+	switch {
+	case len(cfg.Placements) > 0:
+		if err := m.router.PlaceAt(cfg.Placements); err != nil {
+			return nil, fmt.Errorf("placing the BARs of domain %d as saved: %w", cfg.DomID, err)
+		}
+	case cfg.PlaceMem != 0:
 		if _, err := m.router.PlaceBARs(cfg.PlaceMem, cfg.PlaceIO); err != nil {
 			return nil, fmt.Errorf("placing the BARs of domain %d: %w", cfg.DomID, err)
 		}
+	}
+	if cfg.OnPlacements != nil {
+		m.router.OnPlacements(cfg.OnPlacements)
 	}
 	return m, nil
 }

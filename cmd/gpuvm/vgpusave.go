@@ -168,30 +168,34 @@ func vgpuRestoreCommand(ctl cli.Flag) *cli.Command {
 			if c.Uint("domid") == 0 {
 				return usageHint(c, "name the domain that takes the vGPU: --domid N")
 			}
-			f, err := os.Open(args[0])
-			if err != nil {
-				return &exitError{code: exitFailure, err: err}
-			}
-			defer f.Close()
-			url := fmt.Sprintf("http://aggregator/v1/domains/%d/restore", c.Uint("domid"))
-			req, err := http.NewRequestWithContext(c.Context, http.MethodPost, url, f)
-			if err != nil {
-				return err
-			}
-			req.Header.Set("Content-Type", "application/octet-stream")
-			resp, err := streamClient(c.Path("control-socket")).Do(req)
-			if err != nil {
-				return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode >= 300 {
-				return &exitError{code: exitFailure, err: controlRefusal(resp)}
-			}
-			if _, err := io.Copy(c.App.Writer, resp.Body); err != nil {
-				return err
-			}
-			return nil
+			return restoreImage(c.Context, c.Path("control-socket"), uint32(c.Uint("domid")), args[0], c.App.Writer)
 		}}
+}
+
+// restoreImage gives the image in file to the daemon for domain domid and
+// copies its answer (what waits) to out.
+func restoreImage(ctx context.Context, socket string, domid uint32, file string, out io.Writer) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return &exitError{code: exitFailure, err: err}
+	}
+	defer f.Close()
+	url := fmt.Sprintf("http://aggregator/v1/domains/%d/restore", domid)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, f)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := streamClient(socket).Do(req)
+	if err != nil {
+		return noDaemonHint(fmt.Errorf("control API: %w", err), "gpuvm serve", "--control-socket")
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return &exitError{code: exitFailure, err: controlRefusal(resp)}
+	}
+	_, err = io.Copy(out, resp.Body)
+	return err
 }
 
 // controlRefusal is the error of a control API answer that is not a

@@ -25,6 +25,7 @@ import (
 	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/host"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/xen/privcmd"
 	"github.com/gpuvm/gpuvm/xen/xenstore"
 	"github.com/gpuvm/gpuvm/xen/xlcfg"
@@ -33,7 +34,7 @@ import (
 func xlCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "xl",
-		Usage: "create Xen domains with a vGPU from their xl configs",
+		Usage: "create, save and restore Xen domains with a vGPU",
 		Subcommands: []*cli.Command{{
 			Name:      "create",
 			Usage:     "create a domain from its xl config and attach the vGPU its gpuvm key asks for",
@@ -65,7 +66,7 @@ func xlCommand() *cli.Command {
 				&cli.StringFlag{Name: "bars", Value: "0xe0000000,0xc000", Usage: "PVH guests: where to place the memory BARs (from this guest-physical address up) and the I/O BAR (port)"},
 			},
 			Action: runXLCreate,
-		}},
+		}, xlSaveCommand(), xlRestoreCommand()},
 	}
 }
 
@@ -149,16 +150,8 @@ func runXLCreate(c *cli.Context) error {
 			return usageError("--bars: %v", err)
 		}
 	}
-	say := func(format string, a ...any) { fmt.Fprintf(c.App.ErrWriter, "gpuvm xl: "+format+"\n", a...) }
-	xl := func(ctx context.Context, a ...string) (string, error) {
-		var out, errb bytes.Buffer
-		cmd := exec.CommandContext(ctx, c.String("xl"), a...)
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			return "", fmt.Errorf("%s %s: %w: %s", c.String("xl"), strings.Join(a, " "), err, strings.TrimSpace(errb.String()))
-		}
-		return strings.TrimSpace(out.String()), nil
-	}
+	say := xlSay(c)
+	xl := func(ctx context.Context, a ...string) (string, error) { return runXL(ctx, c, a...) }
 
 	ctx := c.Context
 	t0 := time.Now()
@@ -173,14 +166,7 @@ func runXLCreate(c *cli.Context) error {
 	if err != nil {
 		return &exitError{code: exitFailure, err: err}
 	}
-	destroy := func(why string) {
-		say("destroying domain %d (%s)", domid, why)
-		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := xl(dctx, "destroy", strconv.FormatUint(domid, 10)); err != nil {
-			say("%v", err)
-		}
-	}
+	destroy := xlDestroyer(c, uint32(domid), say)
 	say("domain %s is %d (paused), created in %.1fs", dom.vgpu.Name, domid, time.Since(t0).Seconds())
 	settings := aggregator.DomainSettings{Mode: string(dom.vgpu.Mode), Profile: dom.vgpu.Profile, VRAM: uint64(dom.vgpu.VRAM), Channels: dom.vgpu.Channels, Weight: dom.vgpu.Weight}
 	if err := putDomainSettings(ctx, c.Path("control-socket"), uint32(domid), settings); err != nil {
@@ -193,24 +179,65 @@ func runXLCreate(c *cli.Context) error {
 	// The aggregator maps the domain's RAM up to the top of its memory;
 	// HVM guests have it a little higher (the VGA hole), and frames the
 	// domain does not populate become zero pages.
-	span := (dom.memory + 16<<20 + 0xFFFFF) &^ 0xFFFFF
-	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: c.Path("socket"), DomID: uint32(domid), Name: dom.vgpu.Name,
-		Mode: string(dom.vgpu.Mode), RAMSize: span, Device: sbdf, PlaceMem: placeMem, PlaceIO: placeIO, XenDir: c.Path("xen-dir"), Spin: c.Int("ipc-spin"), Logger: log})
+	rec := xlSaveRecord{Version: xlRecordVersion, Name: dom.vgpu.Name, Type: dom.vgpu.Type, Mode: string(dom.vgpu.Mode),
+		RAMSpan: (dom.memory + 16<<20 + 0xFFFFF) &^ 0xFFFFF, PCI: c.String("pci"), Settings: settings}
+	return serveXenVGPU(ctx, c, rec, uint32(domid), xenVGPUStart{sbdf: sbdf, placeMem: placeMem, placeIO: placeIO}, t0, say, destroy, log)
+}
+
+// xenVGPUStart is how a domain's device model starts: fresh (its BARs
+// placed at placeMem and placeIO for a PVH guest, or by the guest's
+// firmware), or resuming a saved vGPU with the placements it had.
+type xenVGPUStart struct {
+	sbdf              privcmd.SBDF
+	placeMem, placeIO uint64
+	resume            bool
+	placements        []devmodel.BARPlacement
+}
+
+// serveXenVGPU starts domain domid's device model (the domain created
+// paused, its settings registered), unpauses the domain and serves it
+// until it goes. The device model keeps rec, with its BAR placements, in
+// xenstore for gpuvm xl save.
+func serveXenVGPU(ctx context.Context, c *cli.Context, rec xlSaveRecord, domid uint32, st xenVGPUStart, t0 time.Time, say func(string, ...any), destroy func(string), log *slog.Logger) error {
+	xs, err := xenstore.Open()
+	if err != nil {
+		destroy("no xenstore")
+		return &exitError{code: exitFailure, err: fmt.Errorf("xenstore: %w", err)}
+	}
+	defer xs.Close()
+	publish := func(ps []devmodel.BARPlacement) {
+		rec.Placements = ps
+		if err := publishXLRecord(ctx, xs, domid, rec); err != nil {
+			log.Warn("recording the device model for gpuvm xl save", "domid", domid, "err", err)
+		}
+	}
+	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: c.Path("socket"), DomID: domid, Name: rec.Name,
+		Mode: rec.Mode, RAMSize: rec.RAMSpan, Device: st.sbdf, PlaceMem: st.placeMem, PlaceIO: st.placeIO, Placements: st.placements,
+		Resume: st.resume, OnPlacements: publish, XenDir: c.Path("xen-dir"), Spin: c.Int("ipc-spin"), Logger: log})
 	if err != nil {
 		destroy("no device model")
 		return &exitError{code: exitFailure, err: noDaemonHint(err, "gpuvm serve --xen", "--socket")}
 	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = xs.Rm(rctx, xlRecordPath(domid))
+	}()
 	w := m.Welcome()
-	say("vGPU %d attached: mode %s, %d MiB VRAM, %d channels", w.VGPU, dom.vgpu.Mode, w.VRAMSize>>20, w.Channels)
-	if placeMem != 0 {
+	verb := "attached"
+	if st.resume {
+		verb = "restored"
+	}
+	say("vGPU %d %s: mode %s, %d MiB VRAM, %d channels", w.VGPU, verb, rec.Mode, w.VRAMSize>>20, w.Channels)
+	if st.placeMem != 0 || (st.resume && rec.Type == "pvh") {
 		say("BARs placed for the PVH guest: gpuvm guest --bars %s", barsArg(m.Placements()))
 	}
-	if _, err := xl(ctx, "unpause", strconv.FormatUint(domid, 10)); err != nil {
+	if _, err := runXL(ctx, c, "unpause", strconv.FormatUint(uint64(domid), 10)); err != nil {
 		destroy("unpause failed")
 		return &exitError{code: exitFailure, err: errors.Join(err, m.Close())}
 	}
-	say("domain %d running (%.1fs after xl create); serving its vGPU until it goes", domid, time.Since(t0).Seconds())
-	return serveDomain(ctx, m, c.Path("xen-dir"), uint32(domid), say, destroy, log)
+	say("domain %d running (%.1fs after xl %s); serving its vGPU until it goes", domid, time.Since(t0).Seconds(), map[bool]string{false: "create", true: "restore"}[st.resume])
+	return serveDomain(ctx, m, c.Path("xen-dir"), domid, say, destroy, log)
 }
 
 // serveDomain serves the domain's device model until the domain is gone,
@@ -279,6 +306,11 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 		st.Served, st.Refused, bench.FormatDuration(int64(st.MeanHandlerTime())))
 	switch {
 	case errors.Is(cause, errGone): // said when it was seen
+		return nil
+	case ipc.IsSavedBye(serr):
+		// gpuvm xl save took the vGPU's state with the domain's: the
+		// domain is its to destroy.
+		say("the vGPU of domain %d was saved (gpuvm xl save); its device model ends", domid)
 		return nil
 	case errors.Is(cause, errSignal):
 		destroy(cause.Error())
@@ -427,4 +459,32 @@ func barsArg(ps []devmodel.BARPlacement) string {
 	// The apertures are the vGPU's slices (as a PCI BAR's size, a power
 	// of two), which a guest without config space cannot learn otherwise.
 	return s + fmt.Sprintf(" --bar1-size %d --bar3-size %d", byIndex[1].Size, byIndex[3].Size)
+}
+
+// xlSay prints a gpuvm xl progress line.
+func xlSay(c *cli.Context) func(string, ...any) {
+	return func(format string, a ...any) { fmt.Fprintf(c.App.ErrWriter, "gpuvm xl: "+format+"\n", a...) }
+}
+
+// runXL runs the xl program (--xl) and returns its output.
+func runXL(ctx context.Context, c *cli.Context, a ...string) (string, error) {
+	var out, errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.String("xl"), a...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %w: %s", c.String("xl"), strings.Join(a, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// xlDestroyer destroys domain domid, saying why.
+func xlDestroyer(c *cli.Context, domid uint32, say func(string, ...any)) func(string) {
+	return func(why string) {
+		say("destroying domain %d (%s)", domid, why)
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := runXL(dctx, c, "destroy", strconv.FormatUint(uint64(domid), 10)); err != nil {
+			say("%v", err)
+		}
+	}
 }
