@@ -87,6 +87,7 @@ func serverSpin(c *cli.Context) int {
 }
 
 func runServe(c *cli.Context) error {
+	usr2 := handoffSignal()
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return err
@@ -102,6 +103,12 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
+	// What a previous process of this PID handed over (handoff.go), taken
+	// before anything else so that none of it leaks.
+	inh, err := inheritHandoff()
+	if err != nil {
+		log.Error("handoff: what the previous process handed over is unusable: starting afresh", "err", err)
+	}
 	h, err := newHost(c, cfg, log)
 	if err != nil {
 		return err
@@ -112,20 +119,15 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
-	ln, err := ipc.Listen(cfg.Daemon.Socket, &ipc.ListenOptions{Spin: serverSpin(c)})
+	ln, cln, err := listenSockets(cfg, inh, h, serverSpin(c), log)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	// Created and owned as the device socket is: a live control socket
-	// (another daemon's) is refused, never deleted.
-	cln, err := ipc.ListenStream(cfg.Daemon.ControlSocket)
-	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	srv := &http.Server{Handler: h.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(cln) }()
-	defer srv.Close()
+	ctl := serveControl(cfg.Daemon.ControlSocket, cln, h.ControlHandler())
+	defer ctl.close()
+	up := &upgrader{h: h, log: log, ln: ln, ctl: ctl, exec: syscall.Exec}
+	go up.watch(c.Context, usr2)
 	if cfg.Metrics.Listen != "" {
 		msrv, err := serveMetrics(cfg.Metrics.Listen, h, log)
 		if err != nil {

@@ -1,0 +1,55 @@
+package host
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+)
+
+// Handing the host's vGPUs to a new daemon process (docs/protocol.md
+// §15): what may not be handed over, and each image's way back onto the
+// board it left.
+
+// HandoffBlockers names what keeps the daemon from handing its vGPUs to a
+// new process (none: it may): vGPUs whose state or device model cannot
+// survive it (aggregator.HandoffBlocker) and Xen pvdrm back ends, whose
+// state is this process's.
+func (h *Host) HandoffBlockers() []string {
+	var out []string
+	for _, v := range h.VGPUs() {
+		if why := aggregator.HandoffBlocker(v); why != "" {
+			out = append(out, why)
+		}
+	}
+	h.mu.Lock()
+	var doms []uint32
+	for d := range h.xenPVDRM {
+		doms = append(doms, d)
+	}
+	h.mu.Unlock()
+	slices.Sort(doms)
+	for _, d := range doms {
+		out = append(out, fmt.Sprintf("the Xen pvdrm back end of domid %d runs in this process", d))
+	}
+	return out
+}
+
+// RegisterHandoff registers image, a vGPU of domain domid handed over by
+// the previous daemon process from the board called board, on that board
+// if it takes it — the image is checked as any restore's — and else as
+// RegisterRestore places it (a board renamed or resized by the new
+// configuration).
+func (h *Host) RegisterHandoff(domid uint32, board string, image []byte) (aggregator.RestoreInfo, error) {
+	if b := h.Board(board); b != nil {
+		h.restoreMu.Lock()
+		info, err := b.Agg.RegisterRestore(domid, bytes.NewReader(image))
+		h.restoreMu.Unlock()
+		if err == nil {
+			return info, nil
+		}
+		h.log.Warn("handed-over image refused by its board; trying the others", "domid", domid, "board", board, "err", err)
+	}
+	return h.RegisterRestore(domid, image)
+}
