@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -85,17 +86,46 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer) (*HandoffHo
 	return &HandoffHold{v: v, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
 }
 
+// handoffByeWait bounds Commit's wait for the Bye to be written.
+const handoffByeWait = 5 * time.Second
+
 // Commit ends the held vGPU with the handoff's saved Bye: its device
-// model resumes where the image is restored.
+// model resumes where the image is restored. It returns once the Bye is
+// written and the connection closed (or after handoffByeWait): a process
+// that ends sooner would close the connection with the Bye unsent, and
+// its device model would take that for a crash.
 func (h *HandoffHold) Commit() error {
 	if h.done {
 		return nil
 	}
 	h.done = true
-	defer h.v.restoreMu.Unlock()
 	cur, _ := h.v.where()
 	h.v.logger().Info("vGPU handed off", "bytes", h.Stats.Bytes, "pause", h.Stats.Pause, "took", h.Stats.Took)
-	return cur.Destroy(h.v, HandoffReason)
+	err := cur.Destroy(h.v, HandoffReason)
+	// The access its guest made meanwhile waits for this lock; let go, it
+	// finds the vGPU gone and the connection ends with the Bye.
+	h.v.restoreMu.Unlock()
+	h.v.hangMu.Lock()
+	ended := h.v.connEnded
+	h.v.hangMu.Unlock()
+	if ended != nil {
+		select {
+		case <-ended:
+		case <-time.After(handoffByeWait):
+			err = errors.Join(err, fmt.Errorf("vGPU %d: its connection did not end within %v", h.v.ID, handoffByeWait))
+		}
+	}
+	return err
+}
+
+// serving records that v's connection is being served: the channel
+// returned is closed once it ended.
+func (v *VGPU) serving() chan struct{} {
+	ch := make(chan struct{})
+	v.hangMu.Lock()
+	v.connEnded = ch
+	v.hangMu.Unlock()
+	return ch
 }
 
 // Release lets the held vGPU go on here after a handoff that did not

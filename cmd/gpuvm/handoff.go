@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -168,15 +169,25 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 		return errors.Join(err, inheritable(pass, false))
 	}
 	committed = true
-	for _, hv := range held {
-		if cerr := hv.hold.Commit(); cerr != nil {
-			u.log.Warn("handoff: ending the handed-off vGPU", "vgpu", hv.hold.VGPU().ID, "err", cerr)
-		}
-	}
+	u.commitAll(held)
 	u.log.Info("handoff: exec'ing the new daemon process", "binary", exe, "vgpus", len(held), "vram_bytes", bytes, "took", time.Since(start))
 	env := append(withoutEnv(os.Environ(), handoffEnv), handoffEnv+"="+strconv.Itoa(int(manifest.Fd())))
 	xerr := u.exec(exe, os.Args, env)
 	return errors.Join(fmt.Errorf("exec %s: %w", exe, xerr), inheritable(pass, false))
+}
+
+// commitAll ends every held vGPU with the saved Bye, all at once, and
+// returns when every Bye is written.
+func (u *upgrader) commitAll(held []heldVGPU) {
+	var wg sync.WaitGroup
+	for _, hv := range held {
+		wg.Go(func() {
+			if err := hv.hold.Commit(); err != nil {
+				u.log.Warn("handoff: ending the handed-off vGPU", "vgpu", hv.hold.VGPU().ID, "err", err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // holdAll holds every vGPU of every board, again until no new one

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRestartUnderFourVMs is issue 18's daemon upgrade with real
+// processes: `gpuvm serve`, run from a binary installed in the test's
+// directory, serves four VM processes looping verified madd and cpy and an
+// honest VM (this test's own device model) with a marker in the first and
+// last page of its VRAM. A new binary is installed over the old one and
+// the daemon gets SIGUSR2: the same PID goes on running the new binary,
+// serving on the sockets the old process handed over; each VM's device
+// model resumes there and every run of every VM verifies. The honest VM's
+// marker reads back unchanged through its restored vGPU, and none of the
+// four VM processes' memfd memory (guest RAM, VRAM slice) ever held it.
+func TestRestartUnderFourVMs(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
+	exe := dir + "/gpuvm"
+	installGpuvm(t, exe, nil)
+	d, logs, done := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+	pid := d.Process.Pid
+
+	honest := connectMarkedVM(t, sock, "honest", 30)
+	honest.plant()
+	if p, ok := honest.check(); !ok {
+		t.Fatalf("the marker at VRAM %#x does not read back before the restart", p)
+	}
+	var vms []*loopVM
+	for i, name := range []string{"vm1", "vm2", "vm3", "vm4"} {
+		vms = append(vms, startLoopVM(t, sock, name, 31+i, 40))
+	}
+	for _, vm := range vms {
+		waitComputing(t, ctl, vm.name)
+		v, _ := vgpuNamed(t, ctl, vm.name)
+		vm.submissions = v.Sched.Submissions
+	}
+
+	installGpuvm(t, exe, nil) // the upgrade: a new file at the binary's path
+	if !exeDeleted(t, pid) {
+		t.Fatal("the daemon's binary was not replaced on disk")
+	}
+	sent := time.Now()
+	usr2(t, d)
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard only
+	for !strings.Contains(logs.String(), "serving on the sockets the previous process handed over") {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("the daemon exited at the handoff: %v\n%s", err, logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new process serves:\n%s", logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	serving := time.Since(sent)
+	if exeDeleted(t, pid) {
+		t.Error("the daemon still runs the replaced binary after the handoff")
+	}
+	// Every VM comes back on the new process and computes there: its
+	// submissions, which its image carried over, grow.
+	for _, vm := range vms {
+		for {
+			v, ok := vgpuNamed(t, ctl, vm.name)
+			if ok && v.Sched.Submissions > vm.submissions && strings.Contains(vm.logs.String(), "resumed on the restored vGPU") {
+				break
+			}
+			select {
+			case err := <-vm.exited:
+				vm.exited <- err
+				t.Fatalf("VM %s ended before it computed on the new process: %v\n%s", vm.name, err, vm.logs.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("VM %s does not compute on the new process: %+v\n%s\n%s", vm.name, v, vm.logs.String(), logs)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if memoryHolds(t, vm.cmd.Process.Pid, honest.marker) {
+			t.Errorf("VM %s's memory holds the honest VM's marker", vm.name)
+		}
+	}
+	if p, ok := honest.check(); !ok {
+		t.Errorf("the honest VM's marker at VRAM %#x changed across the restart", p)
+	}
+	if honest.dev.Resumes() != 1 {
+		t.Errorf("the honest VM's device model resumed %d times, want 1", honest.dev.Resumes())
+	}
+	var pauses []string
+	for _, vm := range vms {
+		pauses = append(pauses, vm.name+" "+vm.finish(t))
+	}
+	if d.Process.Pid != pid {
+		t.Fatal("the daemon's PID changed")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the daemon exited: %v\n%s", err, logs)
+	default:
+	}
+	t.Logf("SIGUSR2 → new process serving %v; the device models' pauses (saved Bye → Welcome): %s",
+		serving.Round(time.Millisecond), strings.Join(pauses, ", "))
+}
