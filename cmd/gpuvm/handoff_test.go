@@ -93,7 +93,7 @@ func TestRestartUnderFourVMs(t *testing.T) {
 	}
 	var pauses []string
 	for _, vm := range vms {
-		pauses = append(pauses, vm.name+" "+vm.finish(t))
+		pauses = append(pauses, vm.name+" "+vm.finish(t, true))
 	}
 	if d.Process.Pid != pid {
 		t.Fatal("the daemon's PID changed")
@@ -105,4 +105,66 @@ func TestRestartUnderFourVMs(t *testing.T) {
 	}
 	t.Logf("SIGUSR2 → new process serving %v; the device models' pauses (saved Bye → Welcome): %s",
 		serving.Round(time.Millisecond), strings.Join(pauses, ", "))
+}
+
+// TestFailedHandoffKeepsServing: a handoff whose exec fails — the binary
+// installed over the daemon's is not one (a broken upgrade: execve says
+// ENOEXEC, after every vGPU was handed off and its device model told to
+// resume) — leaves the same process serving: the images go back to its
+// own boards, both VMs resume there and every run verifies, the marker
+// of the honest VM reads back unchanged, and the device socket accepts a
+// new VM, which computes.
+func TestFailedHandoffKeepsServing(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
+	exe := dir + "/gpuvm"
+	installGpuvm(t, exe, nil)
+	d, logs, done := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+
+	honest := connectMarkedVM(t, sock, "honest", 40)
+	honest.plant()
+	vms := []*loopVM{startLoopVM(t, sock, "vm1", 41, 30), startLoopVM(t, sock, "vm2", 42, 30)}
+	for _, vm := range vms {
+		waitComputing(t, ctl, vm.name)
+	}
+	installGpuvm(t, exe, []byte("not a gpuvm binary\n"))
+	usr2(t, d)
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard only
+	for !strings.Contains(logs.String(), "handoff failed: still serving here") {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("the daemon exited at the failed handoff: %v\n%s", err, logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the handoff did not fail:\n%s", logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "exec format error") {
+		t.Errorf("the failure does not say why:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "serving on the sockets the previous process handed over") {
+		t.Fatalf("a new process serves:\n%s", logs)
+	}
+	if !exeDeleted(t, d.Process.Pid) {
+		t.Error("the daemon does not run its old binary any more")
+	}
+	late := startLoopVM(t, sock, "late", 43, 2)
+	if p, ok := honest.check(); !ok {
+		t.Errorf("the honest VM's marker at VRAM %#x changed", p)
+	}
+	for _, vm := range vms {
+		t.Logf("%s paused %s", vm.name, vm.finish(t, true))
+	}
+	late.finish(t, false)
+	if honest.dev.Resumes() != 1 {
+		t.Errorf("the honest VM's device model resumed %d times, want 1", honest.dev.Resumes())
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the daemon exited: %v\n%s", err, logs)
+	default:
+	}
 }
