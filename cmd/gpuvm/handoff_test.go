@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -166,5 +168,58 @@ func TestFailedHandoffKeepsServing(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("the daemon exited: %v\n%s", err, logs)
 	default:
+	}
+}
+
+// TestHandoffRefusedForPVDRM: a pvdrm vGPU cannot be handed over (its
+// back end's state is not saved), so SIGUSR2 is refused with its name and
+// nothing changes: the VM goes on computing on the same vGPU.
+func TestHandoffRefusedForPVDRM(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
+	exe := dir + "/gpuvm"
+	installGpuvm(t, exe, nil)
+	d, logs, _ := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "pv", "--domid", "50", "--mode", "pvdrm",
+		"--ram", "64MiB", "--workloads", "madd", "--runs", "1000000", "--no-warmup", "--matrix-dim", "32"})
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- vm.Wait() }()
+	t.Cleanup(func() { vm.Process.Kill(); <-exited })
+	waitComputing(t, ctl, "pv")
+	before, _ := vgpuNamed(t, ctl, "pv")
+	usr2(t, d)
+	deadline := time.Now().Add(time.Minute) // a hang guard only
+	for !strings.Contains(logs.String(), "handoff failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal:\n%s", logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if want := "refused, nothing changed: vGPU " + strconv.Itoa(before.ID) + " (pv, domid 50) is a pvdrm vGPU"; !strings.Contains(logs.String(), want) {
+		t.Errorf("the refusal does not say %q:\n%s", want, logs)
+	}
+	for {
+		after, ok := vgpuNamed(t, ctl, "pv")
+		if !ok || after.ID != before.ID {
+			t.Fatalf("the pvdrm vGPU changed: before %+v, after %+v (present %v)", before, after, ok)
+		}
+		if after.Sched.Submissions > before.Sched.Submissions+5 {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the pvdrm VM ended: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pvdrm VM does not compute after the refusal: %+v", after)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if strings.Contains(logs.String(), "vGPU evicted") {
+		t.Errorf("the refused handoff parked a vGPU:\n%s", logs)
 	}
 }
