@@ -31,7 +31,10 @@ func serveCommand() *cli.Command {
 			"otherwise), partitions it as the [partition] table says, and serves device models on\n" +
 			"daemon.socket: each connecting VM gets a vGPU until its device model goes away. The\n" +
 			"control API (`gpuvm vgpu ...`) listens on daemon.control_socket. SIGINT or SIGTERM shut\n" +
-			"it down cleanly: every vGPU is torn down and every slice scrubbed.",
+			"it down cleanly: every vGPU is torn down and every slice scrubbed. SIGUSR2 upgrades it in\n" +
+			"place: every vGPU is handed to the binary now at the daemon's path, exec'ed in the same PID,\n" +
+			"and the guests pause and go on (refused while a pvdrm vGPU or a Xen device model is attached;\n" +
+			"docs/protocol.md §15).",
 		Flags: []cli.Flag{
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
 			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},
