@@ -137,3 +137,20 @@ func (h *HandoffHold) Release() {
 	h.done = true
 	h.v.restoreMu.Unlock()
 }
+
+// EncodeWaitingImages writes each state image waiting for its domain's
+// device model (RegisterRestore) with write, which gets the domain and
+// a writer for it: a handoff carries them to the new process, where they
+// wait again. Call it with the device socket handed off (no device model
+// takes one meanwhile); the aggregator's lock is held throughout, so an
+// image that expires meanwhile is dropped only after it was written.
+func (a *Aggregator) EncodeWaitingImages(write func(domid uint32, enc func(io.Writer) error) error) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for domid, p := range a.restores {
+		if err := write(domid, func(w io.Writer) error { return vgpuimage.Encode(w, p.img) }); err != nil {
+			return fmt.Errorf("image waiting for domain %d: %w", domid, err)
+		}
+	}
+	return nil
+}

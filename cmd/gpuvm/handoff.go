@@ -54,6 +54,9 @@ type handoffManifest struct {
 	Socket  handoffSocket `json:"socket"`
 	Control handoffSocket `json:"control"`
 	VGPUs   []handoffVGPU `json:"vgpus"`
+	// Waiting are the images registered for a domain and not yet taken
+	// (gpuvm vgpu restore): their VGPU is -1, Name and Mode empty.
+	Waiting []handoffVGPU `json:"waiting"`
 }
 
 // handoffSocket is an inherited listening socket and the path it is bound
@@ -110,10 +113,12 @@ func (u *upgrader) watch(ctx context.Context, sig chan os.Signal) {
 	}
 }
 
-// heldVGPU is a vGPU held for the handoff and its image.
+// heldVGPU is a vGPU held for the handoff and its image — or, hold nil,
+// an image waiting for domain domid.
 type heldVGPU struct {
 	board string
 	hold  *aggregator.HandoffHold
+	domid uint32
 	image *os.File
 }
 
@@ -152,7 +157,16 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	manifest, err := u.manifest(sock, ctl, held)
+	waiting, err := u.waitingImages()
+	defer func() {
+		for _, w := range waiting {
+			w.image.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	manifest, err := u.manifest(sock, ctl, held, waiting)
 	if err != nil {
 		return err
 	}
@@ -162,7 +176,7 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 		bytes += hv.hold.Stats.Bytes
 	}
 	pass := []*os.File{sock, ctl, manifest}
-	for _, hv := range held {
+	for _, hv := range append(held, waiting...) {
 		pass = append(pass, hv.image)
 	}
 	if err := inheritable(pass, true); err != nil {
@@ -275,8 +289,33 @@ func (u *upgrader) restoreHere(hv heldVGPU) error {
 	return err
 }
 
+// waitingImages writes every image waiting for its domain into a memfd of
+// its own (hold nil: nothing of a vGPU is held).
+func (u *upgrader) waitingImages() ([]heldVGPU, error) {
+	var out []heldVGPU
+	for _, b := range u.h.Boards() {
+		err := b.Agg.EncodeWaitingImages(func(domid uint32, enc func(io.Writer) error) error {
+			f, err := memfd(fmt.Sprintf("gpuvm-handoff-waiting-%d", domid))
+			if err != nil {
+				return err
+			}
+			w := bufio.NewWriterSize(f, 1<<20)
+			if err := errors.Join(enc(w), w.Flush()); err != nil {
+				f.Close()
+				return err
+			}
+			out = append(out, heldVGPU{board: b.Name, domid: domid, image: f})
+			return nil
+		})
+		if err != nil {
+			return out, fmt.Errorf("board %s: %w", b.Name, err)
+		}
+	}
+	return out, nil
+}
+
 // manifest writes §15.2's manifest into a new memfd.
-func (u *upgrader) manifest(sock, ctl *os.File, held []heldVGPU) (*os.File, error) {
+func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU) (*os.File, error) {
 	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(),
 		Socket:  handoffSocket{Path: u.ln.Addr(), FD: int(sock.Fd())},
 		Control: handoffSocket{Path: u.ctl.path, FD: int(ctl.Fd())}}
@@ -288,6 +327,13 @@ func (u *upgrader) manifest(sock, ctl *os.File, held []heldVGPU) (*os.File, erro
 		}
 		m.VGPUs = append(m.VGPUs, handoffVGPU{DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, Board: hv.board,
 			VGPU: v.ID, FD: int(hv.image.Fd()), Bytes: st.Size()})
+	}
+	for _, w := range waiting {
+		st, err := w.image.Stat()
+		if err != nil {
+			return nil, err
+		}
+		m.Waiting = append(m.Waiting, handoffVGPU{DomID: w.domid, Board: w.board, VGPU: -1, FD: int(w.image.Fd()), Bytes: st.Size()})
 	}
 	f, err := memfd("gpuvm-handoff-manifest")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -26,7 +27,7 @@ import (
 type inherited struct {
 	m             handoffManifest
 	sock, control *os.File
-	images        []*os.File // by m.VGPUs
+	images        []*os.File // by all()
 }
 
 // inheritHandoff takes over what the previous process of this PID handed
@@ -73,7 +74,7 @@ func inheritHandoff() (*inherited, error) {
 	if in.control, ferr = file(in.m.Control.FD, "control socket"); ferr != nil {
 		errs = append(errs, ferr)
 	}
-	for _, g := range in.m.VGPUs {
+	for _, g := range in.all() {
 		f, err := file(g.FD, fmt.Sprintf("image of domid %d", g.DomID))
 		errs = append(errs, err)
 		in.images = append(in.images, f)
@@ -108,7 +109,7 @@ func decodeManifest(raw []byte, m *handoffManifest) error {
 // is refused when it asks.
 func (in *inherited) register(h *host.Host, log *slog.Logger) {
 	limit := maxImage(h)
-	for i, g := range in.m.VGPUs {
+	for i, g := range in.all() {
 		f := in.images[i]
 		data, err := io.ReadAll(io.NewSectionReader(f, 0, limit+1))
 		f.Close()
@@ -126,6 +127,12 @@ func (in *inherited) register(h *host.Host, log *slog.Logger) {
 		}
 		log.Info("handoff: vGPU image waits for its device model", "domid", g.DomID, "name", g.Name, "board", g.Board, "bytes", g.Bytes)
 	}
+}
+
+// all are the inherited images: those that waited, then the vGPUs' — so
+// that a running vGPU's image replaces one that waited for its domain.
+func (in *inherited) all() []handoffVGPU {
+	return append(slices.Clone(in.m.Waiting), in.m.VGPUs...)
 }
 
 // close closes whatever was inherited and not taken over.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -221,5 +222,51 @@ func TestHandoffRefusedForPVDRM(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "vGPU evicted") {
 		t.Errorf("the refused handoff parked a vGPU:\n%s", logs)
+	}
+}
+
+// TestHandoffCarriesWaitingImage: a state image registered for a domain
+// whose device model has not come (gpuvm vgpu restore) crosses a handoff:
+// the new process checks it again and holds it for the domain, whose next
+// device model gets its vGPU from it.
+func TestHandoffCarriesWaitingImage(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
+	exe := dir + "/gpuvm"
+	installGpuvm(t, exe, nil)
+	d, logs, _ := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+	vm := startLoopVM(t, sock, "saved", 70, 200)
+	waitComputing(t, ctl, "saved")
+	v, _ := vgpuNamed(t, ctl, "saved")
+	img := dir + "/saved.img"
+	if out, errOut, code := runCLI(t, "vgpu", "save", "--control-socket", ctl, strconv.Itoa(v.ID), img); code != 0 {
+		t.Fatalf("gpuvm vgpu save: exit %d\n%s%s", code, out, errOut)
+	}
+	vm.cmd.Process.Kill() // the domain's device model goes before its restore
+	<-vm.exited
+	vm.exited <- nil
+	if out, errOut, code := runCLI(t, "vgpu", "restore", "--control-socket", ctl, "--domid", "70", img); code != 0 {
+		t.Fatalf("gpuvm vgpu restore: exit %d\n%s%s", code, out, errOut)
+	}
+	usr2(t, d)
+	deadline := time.Now().Add(time.Minute) // a hang guard only
+	for !strings.Contains(logs.String(), "serving on the sockets the previous process handed over") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no new process serves:\n%s", logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, after, _ := strings.Cut(logs.String(), "handoff: exec'ing the new daemon process")
+	if !strings.Contains(after, `msg="state image registered" board=gpu0 domid=70`) {
+		t.Fatalf("the new process holds no image for domain 70:\n%s", after)
+	}
+	// The domain's next device model: a fresh one, whose driver starts
+	// over a vGPU it did not set up (only a resuming device model goes on
+	// from a restored state), so only its attach is looked at.
+	next := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "saved", "--domid", "70",
+		"--ram", "64MiB", "--workloads", "nop", "--runs", "1"})
+	_ = next.Run()
+	if !regexp.MustCompile(`msg="vGPU restored from a state image".* domid=70 name=saved`).MatchString(logs.String()) {
+		t.Errorf("the domain's next device model did not get the image's vGPU:\n%s", logs)
 	}
 }
