@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuvm/gpuvm/gpu/nvc0"
 )
 
 // TestRestartUnderFourVMs is issue 18's daemon upgrade with real
@@ -268,5 +270,53 @@ func TestHandoffCarriesWaitingImage(t *testing.T) {
 	_ = next.Run()
 	if !regexp.MustCompile(`msg="vGPU restored from a state image".* domid=70 name=saved`).MatchString(logs.String()) {
 		t.Errorf("the domain's next device model did not get the image's vGPU:\n%s", logs)
+	}
+}
+
+// TestDaemonKilledIsNoHandoff: SIGKILL is not a handoff. The daemon's
+// VMs get no saved Bye, so none waits to resume: a VM process fails at
+// its next access instead of hanging, and the honest VM's device reads
+// all-ones from then on. A daemon started afresh on the same sockets
+// serves, and gives neither VM a vGPU.
+func TestDaemonKilledIsNoHandoff(t *testing.T) {
+	dir := t.TempDir()
+	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
+	exe := dir + "/gpuvm"
+	installGpuvm(t, exe, nil)
+	conf := handoffConfig(t, dir, sock, ctl)
+	d, _, done := startInstalledDaemon(t, exe, conf, ctl)
+	honest := connectMarkedVM(t, sock, "honest", 80)
+	honest.plant()
+	vm := startLoopVM(t, sock, "vm1", 81, 200)
+	waitComputing(t, ctl, "vm1")
+	if err := d.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	err := <-done
+	done <- err
+	select {
+	case err := <-vm.exited:
+		vm.exited <- err
+		if err == nil {
+			t.Fatal("the VM finished its 400 runs without its daemon")
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the VM hangs after its daemon was killed:\n%s", vm.logs.String())
+	}
+	if strings.Contains(vm.logs.String(), "waiting for its restore") {
+		t.Errorf("the VM waits to resume after a crash:\n%s", vm.logs.String())
+	}
+	if v := honest.dev.Read32(0, nvc0.RegBoot0); v != 0xFFFFFFFF || honest.dev.Err() == nil {
+		t.Errorf("the honest VM's device still answers after its daemon was killed: %#x, %v", v, honest.dev.Err())
+	}
+	startInstalledDaemon(t, exe, conf, ctl)
+	time.Sleep(500 * time.Millisecond)
+	for _, name := range []string{"honest", "vm1"} {
+		if v, ok := vgpuNamed(t, ctl, name); ok {
+			t.Errorf("the new daemon gave %s a vGPU: %+v", name, v)
+		}
+	}
+	if honest.dev.Resumes() != 0 {
+		t.Error("the honest VM's device model resumed after a crash")
 	}
 }
