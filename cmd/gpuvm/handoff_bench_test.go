@@ -43,7 +43,7 @@ func handoffPauseRow(t *testing.T, size string) string {
 	d, logs, _ := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
 	var vms []*loopVM
 	for i := range 4 {
-		vms = append(vms, startSizedLoopVM(t, sock, fmt.Sprintf("vm%d", i+1), 60+i, 12, size))
+		vms = append(vms, startSizedLoopVM(t, sock, fmt.Sprintf("vm%d", i+1), 60+i, 1000, size))
 	}
 	for _, vm := range vms {
 		waitComputing(t, ctl, vm.name)
@@ -59,8 +59,22 @@ func handoffPauseRow(t *testing.T, size string) string {
 	}
 	serving := time.Since(sent)
 	var byes []string
+	re := regexp.MustCompile(`resumed on the restored vGPU.* pause=(\S+)`)
 	for _, vm := range vms {
-		byes = append(byes, strings.TrimSuffix(vm.finish(t, true), "ms"))
+		for {
+			if m := re.FindStringSubmatch(vm.logs.String()); m != nil {
+				byes = append(byes, strings.TrimSuffix(m[1], "ms"))
+				break
+			}
+			select {
+			case err := <-vm.exited:
+				t.Fatalf("VM %s ended without resuming: %v\n%s", vm.name, err, vm.logs.String())
+			case <-time.After(10 * time.Millisecond):
+			}
+			if time.Since(sent) > 2*time.Minute {
+				t.Fatalf("VM %s did not resume:\n%s", vm.name, vm.logs.String())
+			}
+		}
 	}
 	parked := logTimes(t, logs.String(), `msg="vGPU evicted".* name=(\S+) .*reason="handing it`)
 	restored := logTimes(t, logs.String(), `msg="vGPU restored from a state image".* name=(\S+) mode`)
