@@ -204,31 +204,49 @@ func (u *upgrader) commitAll(held []heldVGPU) {
 	wg.Wait()
 }
 
-// holdAll holds every vGPU of every board, again until no new one
-// attached meanwhile (a device model whose handshake ended as the socket
-// was handed off). A vGPU gone meanwhile is left out.
+// holdAll holds every vGPU of every board, all at once (so that one
+// vGPU's long work in flight does not add to the others' pause), and again
+// until no new one attached meanwhile (a device model whose handshake
+// ended as the socket was handed off). A vGPU gone meanwhile is left out.
 func (u *upgrader) holdAll(ctx context.Context, held []heldVGPU) ([]heldVGPU, error) {
 	seen := map[*aggregator.VGPU]bool{}
 	for {
-		fresh := 0
+		type result struct {
+			hv  heldVGPU
+			err error
+		}
+		var mu sync.Mutex
+		var results []result
+		var wg sync.WaitGroup
 		for _, b := range u.h.Boards() {
 			for _, v := range b.Agg.VGPUs() {
 				if seen[v] {
 					continue
 				}
-				seen[v], fresh = true, fresh+1
-				hv, err := holdOne(ctx, b, v)
-				if errors.Is(err, aggregator.ErrDetached) {
-					continue
-				}
-				if err != nil {
-					return held, err
-				}
-				held = append(held, hv)
+				seen[v] = true
+				wg.Go(func() {
+					hv, err := holdOne(ctx, b, v)
+					mu.Lock()
+					results = append(results, result{hv, err})
+					mu.Unlock()
+				})
 			}
 		}
-		if fresh == 0 {
+		wg.Wait()
+		if len(results) == 0 {
 			return held, nil
+		}
+		var errs []error
+		for _, r := range results {
+			switch {
+			case r.err == nil:
+				held = append(held, r.hv)
+			case !errors.Is(r.err, aggregator.ErrDetached):
+				errs = append(errs, r.err)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return held, err
 		}
 	}
 }
