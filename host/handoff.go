@@ -1,8 +1,9 @@
 package host
 
 import (
-	"bytes"
+	"bufio"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/gpuvm/gpuvm/aggregator"
@@ -36,20 +37,32 @@ func (h *Host) HandoffBlockers() []string {
 	return out
 }
 
-// RegisterHandoff registers image, a vGPU of domain domid handed over by
-// the previous daemon process from the board called board, on that board
-// if it takes it — the image is checked as any restore's — and else as
-// RegisterRestore places it (a board renamed or resized by the new
-// configuration).
-func (h *Host) RegisterHandoff(domid uint32, board string, image []byte) (aggregator.RestoreInfo, error) {
+// RegisterHandoff registers the image read from image, a vGPU of domain
+// domid handed over by the previous daemon process from the board called
+// board, on that board if it takes it — decoded straight from image and
+// checked as any restore's — and else as RegisterRestore places it (a
+// board renamed or resized by the new configuration).
+func (h *Host) RegisterHandoff(domid uint32, board string, image io.ReadSeeker) (aggregator.RestoreInfo, error) {
 	if b := h.Board(board); b != nil {
 		h.restoreMu.Lock()
-		info, err := b.Agg.RegisterRestore(domid, bytes.NewReader(image))
+		info, err := b.Agg.RegisterRestore(domid, bufio.NewReaderSize(image, 1<<20))
 		h.restoreMu.Unlock()
 		if err == nil {
 			return info, nil
 		}
 		h.log.Warn("handed-over image refused by its board; trying the others", "domid", domid, "board", board, "err", err)
 	}
-	return h.RegisterRestore(domid, image)
+	if _, err := image.Seek(0, io.SeekStart); err != nil {
+		return aggregator.RestoreInfo{}, err
+	}
+	var limit int64
+	for _, b := range h.boards {
+		limit = max(limit, b.Agg.MaxImageBytes())
+	}
+	data, err := io.ReadAll(io.LimitReader(image, limit))
+	if err != nil {
+		return aggregator.RestoreInfo{}, err
+	}
+	defer clear(data)
+	return h.RegisterRestore(domid, data)
 }

@@ -298,12 +298,11 @@ func (u *upgrader) giveBack(held []heldVGPU, committed bool) error {
 // restoreHere registers hv's image for its domain on this process.
 func (u *upgrader) restoreHere(hv heldVGPU) error {
 	v := hv.hold.VGPU()
-	data, err := io.ReadAll(io.NewSectionReader(hv.image, 0, maxImage(u.h)))
+	st, err := hv.image.Stat()
 	if err != nil {
 		return err
 	}
-	defer clear(data)
-	_, err = u.h.RegisterHandoff(v.Guest.DomID, hv.board, data)
+	_, err = u.h.RegisterHandoff(v.Guest.DomID, hv.board, io.NewSectionReader(hv.image, 0, min(st.Size(), maxImage(u.h))))
 	return err
 }
 

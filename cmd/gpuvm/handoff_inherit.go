@@ -111,16 +111,16 @@ func (in *inherited) register(h *host.Host, log *slog.Logger) {
 	limit := maxImage(h)
 	for i, g := range in.all() {
 		f := in.images[i]
-		data, err := io.ReadAll(io.NewSectionReader(f, 0, limit+1))
+		var err error
+		if st, serr := f.Stat(); serr != nil {
+			err = serr
+		} else if st.Size() > limit {
+			err = fmt.Errorf("image of %d bytes: the boards take %d", st.Size(), limit)
+		} else {
+			_, err = h.RegisterHandoff(g.DomID, g.Board, io.NewSectionReader(f, 0, st.Size()))
+		}
 		f.Close()
 		in.images[i] = nil
-		if err == nil && int64(len(data)) > limit {
-			err = fmt.Errorf("image of %d bytes or more: the boards take %d", len(data), limit)
-		}
-		if err == nil {
-			_, err = h.RegisterHandoff(g.DomID, g.Board, data)
-		}
-		clear(data)
 		if err != nil {
 			log.Error("handoff: a handed-over vGPU is lost", "domid", g.DomID, "name", g.Name, "board", g.Board, "err", err)
 			continue
