@@ -184,7 +184,9 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 	v.onHangup(conn.End)
 	v.linkRemap(conn) // remap_rebind.go
 	a.wireIRQ(v, conn)
+	connEnded := v.serving()
 	err = conn.Serve(ctx, v)
+	close(connEnded)
 	var ended *ipc.EndedError
 	switch {
 	case errors.As(err, &ended):

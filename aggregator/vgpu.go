@@ -109,6 +109,9 @@ type VGPU struct {
 	hangMu sync.Mutex
 	hangup func(reason string)
 	gone   string
+	// connEnded is closed once the connection ended, its Bye written
+	// (handoff.go waits for it; nil before it is served).
+	connEnded chan struct{}
 
 	// teardown runs once; a concurrent caller waits for it and gets its
 	// result (the control API and the VM's own connection may both detach).

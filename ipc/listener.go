@@ -58,6 +58,8 @@ type Listener struct {
 	inflight map[*net.UnixConn]struct{}
 	err      error // why the accept loop stopped
 	closed   bool
+	// paused: the socket is handed off (handoff.go) and not resumed.
+	paused bool
 }
 
 // Listen creates the socket at path and starts accepting connections; Accept
@@ -71,6 +73,18 @@ type Listener struct {
 // stale, or any other kind of file, is an error. Close removes the socket if
 // it is still this listener's.
 func Listen(path string, opts *ListenOptions) (*Listener, error) {
+	if _, err := listenOptions(opts); err != nil {
+		return nil, fmt.Errorf("ipc: listen %s: %w", path, err)
+	}
+	ln, fi, err := listenUnix("unixpacket", path)
+	if err != nil {
+		return nil, err
+	}
+	return newListener(ln, path, fi, opts)
+}
+
+// listenOptions fills in opts' defaults and checks them.
+func listenOptions(opts *ListenOptions) (ListenOptions, error) {
 	var o ListenOptions
 	if opts != nil {
 		o = *opts
@@ -92,26 +106,30 @@ func Listen(path string, opts *ListenOptions) (*Listener, error) {
 	} else if o.Spin < 0 {
 		o.Spin = 0
 	}
-	if _, err := newRingLayout(o.RequestEntries, o.ResponseEntries); err != nil {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	_, err := newRingLayout(o.RequestEntries, o.ResponseEntries)
+	return o, err
+}
+
+// newListener serves ln, bound at path (its file fi), and starts its
+// accept loop. On error it closes ln.
+func newListener(ln *net.UnixListener, path string, fi os.FileInfo, opts *ListenOptions) (*Listener, error) {
+	o, err := listenOptions(opts)
+	if err != nil {
+		ln.Close()
 		return nil, fmt.Errorf("ipc: listen %s: %w", path, err)
 	}
-	log := o.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	ln, fi, err := listenUnix("unixpacket", path)
-	if err != nil {
-		return nil, err
-	}
 	l := &Listener{
-		ln: ln, path: path, file: fi, opts: o, log: log,
+		ln: ln, path: path, file: fi, opts: o, log: o.Logger,
 		ready:    make(chan *Pending),
 		sem:      make(chan struct{}, o.MaxHandshakes),
 		done:     make(chan struct{}),
 		inflight: make(map[*net.UnixConn]struct{}),
 	}
 	l.wg.Add(1)
-	go l.acceptLoop()
+	go l.acceptLoop(ln)
 	return l, nil
 }
 
@@ -242,7 +260,9 @@ func (l *streamListener) Close() error {
 // Addr returns the socket path.
 func (l *Listener) Addr() string { return l.path }
 
-func (l *Listener) acceptLoop() {
+// acceptLoop accepts on ln until the listener closes or hands ln off
+// (handoff.go).
+func (l *Listener) acceptLoop(ln *net.UnixListener) {
 	defer l.wg.Done()
 	for {
 		select {
@@ -250,13 +270,16 @@ func (l *Listener) acceptLoop() {
 		case <-l.done:
 			return
 		}
-		c, err := l.ln.AcceptUnix()
+		c, err := ln.AcceptUnix()
 		if err != nil {
 			<-l.sem
 			select {
 			case <-l.done:
 				return
 			default:
+			}
+			if l.handedOff(ln) {
+				return
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
@@ -271,7 +294,7 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		l.mu.Lock()
-		if l.closed {
+		if l.closed || l.ln != ln || l.paused {
 			l.mu.Unlock()
 			c.Close()
 			<-l.sem
@@ -324,14 +347,22 @@ func (l *Listener) shutdown() {
 	for c := range l.inflight {
 		c.Close()
 	}
+	ln := l.ln
 	l.mu.Unlock()
-	l.ln.Close()
+	ln.Close()
 }
 
 // Close stops accepting, refuses connections still in the handshake, and
 // removes the socket file. Established ServerConns are not affected.
+// A listener handed off (HandOff) and not resumed leaves the socket to
+// the process it was handed to.
 func (l *Listener) Close() error {
-	l.rmOnce.Do(func() { l.rmErr = removeOwn(l.path, l.file) }) // while the socket is open: see streamListener.Close
+	l.mu.Lock()
+	handedOff := l.paused
+	l.mu.Unlock()
+	if !handedOff {
+		l.rmOnce.Do(func() { l.rmErr = removeOwn(l.path, l.file) }) // while the socket is open: see streamListener.Close
+	}
 	l.shutdown()
 	l.wg.Wait()
 	if l.rmErr != nil {

@@ -31,7 +31,10 @@ func serveCommand() *cli.Command {
 			"otherwise), partitions it as the [partition] table says, and serves device models on\n" +
 			"daemon.socket: each connecting VM gets a vGPU until its device model goes away. The\n" +
 			"control API (`gpuvm vgpu ...`) listens on daemon.control_socket. SIGINT or SIGTERM shut\n" +
-			"it down cleanly: every vGPU is torn down and every slice scrubbed.",
+			"it down cleanly: every vGPU is torn down and every slice scrubbed. SIGUSR2 upgrades it in\n" +
+			"place: every vGPU is handed to the binary now at the daemon's path, exec'ed in the same PID,\n" +
+			"and the guests pause and go on (refused while a pvdrm vGPU or a Xen device model is attached;\n" +
+			"docs/protocol.md §15).",
 		Flags: []cli.Flag{
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
 			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},
@@ -87,6 +90,7 @@ func serverSpin(c *cli.Context) int {
 }
 
 func runServe(c *cli.Context) error {
+	usr2 := handoffSignal()
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return err
@@ -102,6 +106,12 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
+	// What a previous process of this PID handed over (handoff.go), taken
+	// before anything else so that none of it leaks.
+	inh, err := inheritHandoff()
+	if err != nil {
+		log.Error("handoff: what the previous process handed over is unusable: starting afresh", "err", err)
+	}
 	h, err := newHost(c, cfg, log)
 	if err != nil {
 		return err
@@ -112,20 +122,15 @@ func runServe(c *cli.Context) error {
 			return err
 		}
 	}
-	ln, err := ipc.Listen(cfg.Daemon.Socket, &ipc.ListenOptions{Spin: serverSpin(c)})
+	ln, cln, err := listenSockets(cfg, inh, h, serverSpin(c), log)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	// Created and owned as the device socket is: a live control socket
-	// (another daemon's) is refused, never deleted.
-	cln, err := ipc.ListenStream(cfg.Daemon.ControlSocket)
-	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	srv := &http.Server{Handler: h.ControlHandler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(cln) }()
-	defer srv.Close()
+	ctl := serveControl(cfg.Daemon.ControlSocket, cln, h.ControlHandler())
+	defer ctl.close()
+	up := &upgrader{h: h, log: log, ln: ln, ctl: ctl, exec: syscall.Exec}
+	go up.watch(c.Context, usr2)
 	if cfg.Metrics.Listen != "" {
 		msrv, err := serveMetrics(cfg.Metrics.Listen, h, log)
 		if err != nil {
