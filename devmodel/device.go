@@ -169,6 +169,9 @@ func (d *Device) dial(ctx context.Context, socket string, resume bool) (*ipc.Cli
 // which the caller closes) and the handler of the aggregator's remap
 // updates.
 func (d *Device) adopt(client *ipc.Client, w ipc.Welcome, extra []*os.File) error {
+	// A new connection (a resume) knows nothing of the old one's guest
+	// mappings: drop them (§6.8).
+	d.gmap.unmapAll()
 	if !d.cfg.TrapCostSet {
 		d.trapCost.Store(int64(param(w, ipc.ParamTrapNs, 0, uint64(time.Second))))
 	}
