@@ -166,6 +166,7 @@ func (v *VGPU) setChannelCtl(i int, val uint32) error {
 	case enable && !c.running:
 		// The channel is about to become runnable: its shadow RAMIN must be
 		// current and valid (its page tables are scanned at activation).
+		v.settleRevokes()
 		if c.sh.Dirty() {
 			_ = c.sh.Refresh()
 		}
@@ -300,6 +301,7 @@ func (v *VGPU) tlbFlush(trigger uint32) {
 		return
 	}
 	v.ctr.tlbFlushes.Add(1)
+	v.settleRevokes()
 	pd, target := nvc0.TLBFlushPDDecode(v.emu[nvc0.RegTLBFlushPD])
 	all := trigger&nvc0.TLBFlushAllPDB != 0
 	if target != nvc0.MemTargetVRAM && !all {
@@ -364,6 +366,7 @@ func (v *VGPU) activate(i int) error {
 	if c.sh == nil {
 		return fmt.Errorf("channel %d has no instance", i)
 	}
+	v.settleRevokes() // pages a device model may still map into its guest (§6.8)
 	if c.sh.Dirty() && !c.running {
 		if err := c.sh.Refresh(); err != nil {
 			return err

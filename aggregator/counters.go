@@ -22,6 +22,8 @@ type Counters struct {
 	Doorbells             uint64
 	PolledDoorbells       uint64 // doorbells found by polling user areas (polled-doorbell mode)
 	RemappedPages         uint64 // aperture pages currently passed through
+	RemapRevokes          uint64 // RemapRevoke messages sent (docs/protocol.md §6.8): revoke round trips
+	RemapRevokedEntries   uint64 // remap entries those messages named
 	TrackedPages          uint64 // guest pages the page tracker watches now
 	ScanErrors            uint64 // shadow scans that failed (over the shadow budget, say)
 	WatchdogStops         uint64 // channels the watchdog stopped
@@ -59,7 +61,7 @@ func (c Counters) Map() map[string]uint64 {
 		"denied": c.Denied, "tlb_flushes": c.TLBFlushes, "scans": c.Scans,
 		"incremental_scans": c.IncrementalScans, "ptes_scanned": c.PTEsScanned,
 		"shadow_ns": c.ShadowNs, "doorbells": c.Doorbells, "polled_doorbells": c.PolledDoorbells,
-		"remapped_pages": c.RemappedPages, "tracked_pages": c.TrackedPages, "scan_errors": c.ScanErrors,
+		"remapped_pages": c.RemappedPages, "remap_revokes": c.RemapRevokes, "remap_revoked_entries": c.RemapRevokedEntries, "tracked_pages": c.TrackedPages, "scan_errors": c.ScanErrors,
 		"watchdog_stops": c.WatchdogStops, "wedged_channels": c.WedgedChannels, "log_suppressed": c.LogSuppressed,
 		"error_reports": c.ErrorReports, "reports_dropped": c.ReportsDropped,
 		"hypercalls": c.Hypercalls, "hypercall_ops": c.HypercallOps, "ptes_mapped": c.PTEsMapped,
@@ -111,6 +113,8 @@ type counters struct {
 	doorbells       atomic.Uint64
 	polledDoorbells atomic.Uint64
 	scanErrors      atomic.Uint64
+	remapRevokes    atomic.Uint64
+	remapRevoked    atomic.Uint64
 	watchdogStops   atomic.Uint64
 	wedged          atomic.Uint64
 	faultReports    atomic.Uint64
@@ -157,37 +161,39 @@ func (v *VGPU) snapshot() Counters {
 		BAR0Reads: c.reads[0].Load(), BAR0Writes: c.writes[0].Load(),
 		BAR1Reads: c.reads[1].Load(), BAR1Writes: c.writes[1].Load(),
 		BAR3Reads: c.reads[3].Load(), BAR3Writes: c.writes[3].Load(),
-		Denied:             c.denied.Load(),
-		TLBFlushes:         c.tlbFlushes.Load(),
-		Scans:              sh.FullScans + sh.IncrementalScans + bar.FullScans + bar.IncrementalScans,
-		IncrementalScans:   sh.IncrementalScans + bar.IncrementalScans,
-		PTEsScanned:        sh.PTEsScanned + bar.PTEsScanned,
-		ShadowNs:           uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
-		Doorbells:          c.doorbells.Load(),
-		PolledDoorbells:    c.polledDoorbells.Load(),
-		RemappedPages:      uint64(v.remappedPages()),
-		TrackedPages:       uint64(tracked),
-		ScanErrors:         c.scanErrors.Load(),
-		WatchdogStops:      c.watchdogStops.Load(),
-		WedgedChannels:     c.wedged.Load(),
-		LogSuppressed:      v.gripe.Suppressed(),
-		ErrorReports:       c.faultReports.Load(),
-		ReportsDropped:     c.reportsDropped.Load(),
-		Hypercalls:         c.hypercalls.Load(),
-		HypercallOps:       c.hypercallOps.Load(),
-		PTEsMapped:         c.ptesMapped.Load(),
-		PVRejected:         c.pvRejected.Load(),
-		PVDRMRequests:      c.pvdrmRequests.Load(),
-		PVDRMNotifications: c.pvdrmNotify.Load(),
-		PVDRMRejected:      c.pvdrmRejected.Load(),
-		PVDRMShares:        c.pvdrmShares.Load(),
-		PVDRMPoolHits:      c.pvdrmPoolHits.Load(),
-		Resets:             c.resets.Load(),
-		Moves:              c.moves.Load(),
-		Evictions:          c.evictions.Load(),
-		Restores:           c.restores.Load(),
-		EvictedBytes:       c.evictedBytes.Load(),
-		RestoredBytes:      c.restoredBytes.Load(),
-		RestoreWaitNs:      c.restoreWaitNs.Load(),
+		Denied:              c.denied.Load(),
+		TLBFlushes:          c.tlbFlushes.Load(),
+		Scans:               sh.FullScans + sh.IncrementalScans + bar.FullScans + bar.IncrementalScans,
+		IncrementalScans:    sh.IncrementalScans + bar.IncrementalScans,
+		PTEsScanned:         sh.PTEsScanned + bar.PTEsScanned,
+		ShadowNs:            uint64((sh.ShadowTime + bar.ShadowTime) / time.Nanosecond),
+		Doorbells:           c.doorbells.Load(),
+		PolledDoorbells:     c.polledDoorbells.Load(),
+		RemappedPages:       uint64(v.remappedPages()),
+		RemapRevokes:        c.remapRevokes.Load(),
+		RemapRevokedEntries: c.remapRevoked.Load(),
+		TrackedPages:        uint64(tracked),
+		ScanErrors:          c.scanErrors.Load(),
+		WatchdogStops:       c.watchdogStops.Load(),
+		WedgedChannels:      c.wedged.Load(),
+		LogSuppressed:       v.gripe.Suppressed(),
+		ErrorReports:        c.faultReports.Load(),
+		ReportsDropped:      c.reportsDropped.Load(),
+		Hypercalls:          c.hypercalls.Load(),
+		HypercallOps:        c.hypercallOps.Load(),
+		PTEsMapped:          c.ptesMapped.Load(),
+		PVRejected:          c.pvRejected.Load(),
+		PVDRMRequests:       c.pvdrmRequests.Load(),
+		PVDRMNotifications:  c.pvdrmNotify.Load(),
+		PVDRMRejected:       c.pvdrmRejected.Load(),
+		PVDRMShares:         c.pvdrmShares.Load(),
+		PVDRMPoolHits:       c.pvdrmPoolHits.Load(),
+		Resets:              c.resets.Load(),
+		Moves:               c.moves.Load(),
+		Evictions:           c.evictions.Load(),
+		Restores:            c.restores.Load(),
+		EvictedBytes:        c.evictedBytes.Load(),
+		RestoredBytes:       c.restoredBytes.Load(),
+		RestoreWaitNs:       c.restoreWaitNs.Load(),
 	}
 }

@@ -23,7 +23,8 @@ const RemapValid = 1
 // device model reads and writes it directly in its mapping of the slice. The
 // aggregator creates and seals the memory; the device model maps it read-only.
 //
-// Revoking one entry is not synchronous: an access the device model began
+// Revoking one entry is not synchronous (for a device model that maps
+// remapped pages into its guest it is acknowledged: remap_revoke.go): an access the device model began
 // under an entry just cleared may still land in the page. That is harmless
 // for isolation — the page is inside the VM's own slice and every shadow
 // entry is validated when built — and for consistency the page tracker
@@ -53,6 +54,9 @@ type remapTable struct {
 	// device model did not acknowledge, or could not map): every entry
 	// stays 0. "" while it is not.
 	broken string
+	// rv is per-page revocation for a device model that maps remapped
+	// pages into its guest (remap_revoke.go), under the vGPU's mu.
+	rv revokeState
 }
 
 func newRemapTable(slot Slot) (*remapTable, error) {
@@ -115,13 +119,19 @@ func (v *VGPU) updateRemap() {
 	if r == nil || v.remapOff {
 		return
 	}
+	v.settleRevokes()
+	if v.remapOff {
+		return
+	}
 	tr := v.shadows.Tracker()
 	gen := tr.Generation() + 1
 	if !v.remapStale && v.remapAt == gen {
 		return
 	}
 	v.remapAt, v.remapStale = gen, false
+	mapped := remapMappedLink(r)
 	var revoked []uint64
+	var idx []int
 	for bi, b := range v.bars {
 		base := 0
 		if bi == 1 {
@@ -133,9 +143,15 @@ func (v *VGPU) updateRemap() {
 			if g != shadow.NoGuestPage && !tr.Trapped(g) && !(bi == 0 && !v.feat.PollDoorbells && v.inPollArea(uint64(i)*nvc0.PageSize)) {
 				e = g&^(nvc0.PageSize-1) | RemapValid
 			}
-			if old := r.get(base + i); old != e {
+			old := r.get(base + i)
+			if r.rv.hold[base+i] || (mapped && old != 0 && old != e) {
+				// A mapped device model first unmaps the old page (§6.8).
+				e = 0
+			}
+			if old != e {
 				if old != 0 {
 					revoked = append(revoked, old>>nvc0.PageShift)
+					idx = append(idx, base+i)
 				}
 				r.set(base+i, e)
 			}
@@ -143,6 +159,9 @@ func (v *VGPU) updateRemap() {
 	}
 	for _, page := range revoked {
 		tr.Unseen(page)
+	}
+	if mapped && len(idx) > 0 {
+		v.revokeMapped(r, idx, revoked)
 	}
 }
 

@@ -117,6 +117,7 @@ func (v *VGPU) revokeRemap(ctx context.Context) error {
 	// Acknowledged (either status: the old mappings are gone).
 	v.mu.Lock()
 	r.mapped = false
+	v.revokeAllAcked(r)
 	v.mu.Unlock()
 	return nil
 }
@@ -211,6 +212,9 @@ func (v *VGPU) remapGiveUp(r *remapTable, why string, cause error) error {
 	if v.remap == r {
 		v.remapOff = true
 		v.trapAllRemapped(r)
+		if len(r.rv.pending) > 0 || len(r.rv.cleared) > 0 {
+			v.revokeLost(r, nil, why, cause)
+		}
 	}
 	v.mu.Unlock()
 	v.log.Warn("BAR remap off: every aperture access traps", "why", why, "err", cause)
@@ -233,11 +237,18 @@ func dupFile(f *os.File) (*os.File, error) {
 // passed through may have been written without a trap, which the page
 // tracker is told (as updateRemap does). Called with v.mu held.
 func (v *VGPU) trapAllRemapped(r *remapTable) {
+	mapped := remapMappedLink(r)
 	for i := range r.entries {
 		if old := r.get(i); old != 0 {
 			r.set(i, 0)
 			if v.shadows != nil {
 				v.shadows.Tracker().Unseen(old >> nvc0.PageShift)
+			}
+			if mapped {
+				if r.rv.cleared == nil {
+					r.rv.cleared = make(map[uint64]bool)
+				}
+				r.rv.cleared[old>>nvc0.PageShift] = true
 			}
 		}
 	}

@@ -57,6 +57,14 @@ type Config struct {
 	// mappings, as a misbehaving device model would. Never set it
 	// otherwise: after a move its vGPU traps every aperture access.
 	RemapNoAck bool
+	// MapRemapped makes the device model behave as one that maps
+	// remapped pages into its guest (docs/protocol.md §6.8; QEMU outside
+	// Xen): a page's remap entry is read once, at its first
+	// passed-through access, and then used until the aggregator revokes
+	// it by name. It says so to the aggregator (REMAP_MAPPED). With
+	// RemapNoAck it never acknowledges a revocation either, and keeps
+	// its mappings.
+	MapRemapped bool
 	// ResumeTimeout, when positive, lets the device model survive a save
 	// of its vGPU (docs/protocol.md §13.7): after a Bye saying the vGPU
 	// was saved it keeps the guest's RAM and driver state, its guest's
@@ -109,6 +117,7 @@ type Device struct {
 	posted            bool          // trapped writes are posted
 	log               *slog.Logger
 	closing           chan struct{} // closed by Close (RemapNoAck's handler waits for it)
+	gmap              guestMap      // with MapRemapped (guestmap.go)
 }
 
 // Connect creates the guest RAM, connects to the aggregator and maps what
@@ -160,6 +169,9 @@ func (d *Device) dial(ctx context.Context, socket string, resume bool) (*ipc.Cli
 // which the caller closes) and the handler of the aggregator's remap
 // updates.
 func (d *Device) adopt(client *ipc.Client, w ipc.Welcome, extra []*os.File) error {
+	// A new connection (a resume) knows nothing of the old one's guest
+	// mappings: drop them (§6.8).
+	d.gmap.unmapAll()
 	if !d.cfg.TrapCostSet {
 		d.trapCost.Store(int64(param(w, ipc.ParamTrapNs, 0, uint64(time.Second))))
 	}
@@ -183,6 +195,19 @@ func (d *Device) adopt(client *ipc.Client, w ipc.Welcome, extra []*os.File) erro
 		})
 	} else {
 		client.HandleRemap(d.rebind)
+	}
+	if !d.cfg.MapRemapped {
+		return nil
+	}
+	revoke := d.revoke
+	if d.cfg.RemapNoAck {
+		revoke = func([]uint32) error {
+			<-d.closing
+			return errors.New("device model closing")
+		}
+	}
+	if !client.HandleRemapRevoke(revoke) {
+		return errors.New("device model: the aggregator does not revoke remapped pages by name (REMAP_MAPPED)")
 	}
 	return nil
 }
@@ -209,6 +234,7 @@ func (d *Device) rebind(files []*os.File) error {
 	d.remapMu.Lock()
 	defer d.remapMu.Unlock()
 	d.remapOn.Store(false)
+	d.gmap.unmapAll()
 	if err := d.unmapRemap(); err != nil {
 		// The slices are gone from the access path even so.
 		d.log.Warn("device model: unmapping the old remap files", "err", err)
@@ -321,7 +347,13 @@ func (d *Device) remapped(bar int, off uint64) *uint32 {
 	default:
 		return nil
 	}
-	e := atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.remap[idx*8])))
+	read := func() uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.remap[idx*8]))) }
+	var e uint64
+	if d.cfg.MapRemapped {
+		e = d.gmap.lookup(idx, read)
+	} else {
+		e = read()
+	}
 	if e == 0 {
 		return nil
 	}

@@ -308,6 +308,13 @@ func (c *Client) watch() {
 			}
 			continue
 		}
+		if err == nil && n > 0 && flags&unix.MSG_TRUNC == 0 && peekType(b[:n]) == msgRemapRevoke && !c.dead.Load() {
+			if err := c.remapRevoke(b[:n], files, ferr); err != nil {
+				c.fail(err)
+				return
+			}
+			continue
+		}
 		closeFiles(files)
 		break
 	}

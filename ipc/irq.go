@@ -16,8 +16,9 @@ import (
 const RingFeatureIRQ = 1
 
 // serverRingFeatures are the features this package's server offers on
-// every shm ring (RingFeatureRemap: remap.go).
-const serverRingFeatures = RingFeatureIRQ | RingFeatureRemap
+// every shm ring (RingFeatureRemap: remap.go; RingFeatureRemapMapped:
+// remap_revoke.go).
+const serverRingFeatures = RingFeatureIRQ | RingFeatureRemap | RingFeatureRemapMapped
 
 // ErrNoInterrupts is returned by Client.WaitIRQ on a connection whose
 // server raises no virtual interrupts: the socket transport, or a server

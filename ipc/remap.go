@@ -94,13 +94,13 @@ func decodeRemapAck(b []byte) (epoch, status uint32, err error) {
 type remapServer struct {
 	op sync.Mutex // one update outstanding at a time; held across the wait
 	// Under the ServerConn's mu:
-	epoch uint32      // the last update sent (0: none yet)
+	epoch uint32      // the last update or revoke sent (0: none yet)
+	acked uint32      // the last acknowledged: acks come in epoch order
 	want  uint32      // the update awaited (0: none)
 	ack   chan uint32 // its status, once acknowledged
-	// late counts updates given up on and not yet acknowledged: a late
-	// ack is accepted (and ignored) only for one of them, so a client
-	// cannot flood the server with acks.
-	late int
+	// revokes holds the epochs of RemapRevokes sent and not yet
+	// acknowledged (their ack must say RemapDone).
+	revokes map[uint32]bool
 }
 
 // RemapOffered reports whether UpdateRemap can reach the client: the shm
@@ -133,23 +133,6 @@ func (s *ServerConn) UpdateRemap(ctx context.Context, files []*os.File) (uint32,
 	}
 	s.rm.op.Lock()
 	defer s.rm.op.Unlock()
-	s.mu.Lock()
-	if !s.remapOfferedLocked() {
-		s.mu.Unlock()
-		return 0, ErrRemapNotOffered
-	}
-	s.rm.epoch++
-	epoch, ch := s.rm.epoch, make(chan uint32, 1)
-	s.rm.want, s.rm.ack = epoch, ch
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		if s.rm.want == epoch {
-			s.rm.late++ // given up on: its ack may still come, and is ignored
-		}
-		s.rm.want, s.rm.ack = 0, nil
-		s.mu.Unlock()
-	}()
 	var oob []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
@@ -158,18 +141,23 @@ func (s *ServerConn) UpdateRemap(ctx context.Context, files []*os.File) (uint32,
 		}
 		oob = unix.UnixRights(fds...)
 	}
-	rc, err := s.conn.SyscallConn()
-	if err != nil {
-		return 0, fmt.Errorf("ipc: remap update %d: %w", epoch, ErrClosed)
+	s.mu.Lock()
+	if !s.remapOfferedLocked() {
+		s.mu.Unlock()
+		return 0, ErrRemapNotOffered
 	}
-	var serr error
-	if err := rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendmsg(int(fd), encodeRemapUpdate(epoch, len(files)), oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		return true
-	}); err != nil {
-		serr = err
-	}
+	s.rm.epoch++
+	epoch, ch := s.rm.epoch, make(chan uint32, 1)
+	s.rm.want, s.rm.ack = epoch, ch
+	// Sent under mu, so that updates and revokes go out in epoch order.
+	serr := s.sendRemapLocked(encodeRemapUpdate(epoch, len(files)), oob)
+	s.mu.Unlock()
 	runtime.KeepAlive(files)
+	defer func() {
+		s.mu.Lock()
+		s.rm.want, s.rm.ack = 0, nil // given up on: its ack may still come, and is ignored
+		s.mu.Unlock()
+	}()
 	if serr != nil {
 		return 0, fmt.Errorf("ipc: remap update %d: send: %w: %w", epoch, ErrRemapNoAck, serr)
 	}
@@ -192,26 +180,47 @@ func (s *ServerConn) remapAcked(b []byte) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if epoch == 0 || epoch > s.rm.epoch {
-		return violationf("remap ack for update %d, last sent %d", epoch, s.rm.epoch)
+	if epoch != s.rm.acked+1 || epoch > s.rm.epoch {
+		return violationf("remap ack for update %d, last sent %d, last acknowledged %d", epoch, s.rm.epoch, s.rm.acked)
 	}
-	if epoch != s.rm.want {
-		if s.rm.late == 0 {
-			return violationf("remap ack for update %d, which is not outstanding", epoch)
+	s.rm.acked = epoch
+	switch {
+	case s.rm.revokes[epoch]:
+		delete(s.rm.revokes, epoch)
+		if status != RemapDone {
+			return violationf("remap ack for revoke %d with status %d", epoch, status)
 		}
-		s.rm.late--
+	case epoch == s.rm.want:
+		s.rm.ack <- status // buffered, one per update
+		s.rm.want = 0
+	default:
 		s.log.Info("ipc: late remap ack ignored", "epoch", epoch)
-		return nil
 	}
-	s.rm.ack <- status // buffered, one per update
-	s.rm.want = 0
 	return nil
+}
+
+// sendRemapLocked sends one remap message without blocking. Called with
+// the ServerConn's mu held.
+func (s *ServerConn) sendRemapLocked(msg, oob []byte) error {
+	rc, err := s.conn.SyscallConn()
+	if err != nil {
+		return ErrClosed
+	}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), msg, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		return true
+	}); err != nil {
+		serr = err
+	}
+	return serr
 }
 
 // remapClient is a Client's remap-update state.
 type remapClient struct {
-	fn    atomic.Pointer[func([]*os.File) error]
-	epoch uint32 // the last update handled (watch goroutine only)
+	fn     atomic.Pointer[func([]*os.File) error]
+	revoke atomic.Pointer[func([]uint32) error] // HandleRemapRevoke's
+	epoch  uint32                               // the last update handled (watch goroutine only)
 }
 
 // HandleRemap registers fn to carry out the server's remap updates
@@ -265,6 +274,11 @@ func (c *Client) remapUpdate(b []byte, files []*os.File, ferr error) error {
 		c.log.Warn("ipc: remap update: new mappings refused, every aperture access traps", "epoch", epoch, "err", err)
 		status = RemapUnmapped
 	}
+	return c.sendRemapAck(epoch, status)
+}
+
+// sendRemapAck acknowledges the remap message with epoch.
+func (c *Client) sendRemapAck(epoch, status uint32) error {
 	if _, err := c.conn.Write(encodeRemapAck(epoch, status)); err != nil {
 		if isEOF(err) {
 			return peerClosed(err)

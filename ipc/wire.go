@@ -409,6 +409,8 @@ func msgName(t uint16) string {
 		return "remap update"
 	case msgRemapAck:
 		return "remap ack"
+	case msgRemapRevoke:
+		return "remap revoke"
 	}
 	return fmt.Sprintf("message type %d", t)
 }

@@ -513,11 +513,40 @@ func TestRemap(t *testing.T) {
 		t.Errorf("a trapped aperture read reached the aggregator %d times", reads[1])
 	}
 
-	// A table entry cleared by the aggregator traps at once.
+	// The device mapped the page into the guest (§6.8): clearing its
+	// table entry alone does not stop the guest's accesses — they no
+	// longer reach the device — so the page is revoked by name, and once
+	// the device acknowledged, the same page's accesses reach the
+	// aggregator.
+	if !a.conn.RemapMapped() {
+		t.Fatal("the device did not set client_features REMAP_MAPPED")
+	}
 	r.pass(page, ^uint64(0))
+	q.writel(t, base+0x18, 0x5678)
+	if v := r.word(0x5018); v != 0x5678 {
+		t.Errorf("a write to the mapped page left %#x in the slice, want 0x5678", v)
+	}
+	if reads, writes, _ := a.counts(); reads[1] != 1 || writes[1] != 0 {
+		t.Errorf("accesses to the mapped page reached the aggregator: reads %v writes %v", reads, writes)
+	}
+	epoch, err := a.conn.RevokeRemap([]uint32{page})
+	if err != nil {
+		t.Fatalf("revoke page %d: %v", page, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for a.conn.RemapAcked() < epoch {
+		if time.Now().After(deadline) {
+			t.Fatalf("the device did not acknowledge revocation %d", epoch)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	q.readl(t, base+0x10)
-	if reads, _, _ := a.counts(); reads[1] != 2 {
-		t.Errorf("read of a revoked page: %d trapped reads", reads[1])
+	q.writel(t, base+0x18, 0x9ABC)
+	if reads, writes, _ := a.counts(); reads[1] != 2 || writes[1] != 1 {
+		t.Errorf("after the revocation: reads %v writes %v, want one more of each trapped", reads, writes)
+	}
+	if v := r.word(0x5018); v != 0x5678 {
+		t.Errorf("a trapped write reached the slice: %#x", v)
 	}
 	r.pass(page, 0x5000)
 
