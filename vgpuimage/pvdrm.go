@@ -44,9 +44,14 @@ type PVDRM struct {
 // PVDRMFile is one open DRM file.
 type PVDRMFile struct {
 	ID, NextChan, NextGEM uint32
-	Chans                 []uint32 // channel handles, strictly increasing
+	Chans                 []PVDRMChan // strictly increasing by handle
 	GEMs                  []PVDRMGEM
 }
+
+// PVDRMChan is one channel of a file: its handle and the last fence it
+// emitted, which the restored channel goes on from (the front end holds
+// fences).
+type PVDRMChan struct{ Handle, Fence uint32 }
 
 // PVDRMGEM is one GEM object of a file.
 type PVDRMGEM struct {
@@ -67,7 +72,7 @@ type PVDRMPooled struct {
 const pvdrmGEMSize = 40
 
 // maxPVDRMBody bounds the section's body.
-const maxPVDRMBody = 24 + 4 + MaxPVDRMFiles*(16+4+4*MaxChannels) + MaxPVDRMObjects*pvdrmGEMSize + 4 + MaxPVDRMPool*24
+const maxPVDRMBody = 24 + 4 + MaxPVDRMFiles*(16+4+8*MaxChannels) + MaxPVDRMObjects*pvdrmGEMSize + 4 + MaxPVDRMPool*24
 
 // Objects is the number of GEM objects over all files.
 func (p *PVDRM) Objects() int {
@@ -95,9 +100,9 @@ func (p *PVDRM) check(id *Identity) error {
 		if len(f.Chans) > MaxChannels {
 			return fmt.Errorf("file %d: %d channels, at most %d: %w", f.ID, len(f.Chans), MaxChannels, ErrMalformed)
 		}
-		for j, h := range f.Chans {
-			if h == 0 || (j > 0 && h <= f.Chans[j-1]) {
-				return fmt.Errorf("file %d: channel handle %d: handles must increase from 1: %w", f.ID, h, ErrMalformed)
+		for j, c := range f.Chans {
+			if c.Handle == 0 || (j > 0 && c.Handle <= f.Chans[j-1].Handle) {
+				return fmt.Errorf("file %d: channel handle %d: handles must increase from 1: %w", f.ID, c.Handle, ErrMalformed)
 			}
 		}
 		for j, g := range f.GEMs {
@@ -156,8 +161,9 @@ func pvdrmBody(p *PVDRM) []byte {
 		b.u32(f.NextChan)
 		b.u32(f.NextGEM)
 		b.u32(uint32(len(f.Chans)))
-		for _, h := range f.Chans {
-			b.u32(h)
+		for _, c := range f.Chans {
+			b.u32(c.Handle)
+			b.u32(c.Fence)
 		}
 		b.u32(uint32(len(f.GEMs)))
 		for _, g := range f.GEMs {
@@ -189,9 +195,9 @@ func (c *cursor) pvdrm() *PVDRM {
 	n := c.count(16)
 	for range n {
 		f := PVDRMFile{ID: c.u32(), NextChan: c.u32(), NextGEM: c.u32()}
-		chans := c.count(4)
+		chans := c.count(8)
 		for range chans {
-			f.Chans = append(f.Chans, c.u32())
+			f.Chans = append(f.Chans, PVDRMChan{Handle: c.u32(), Fence: c.u32()})
 		}
 		gems := c.count(pvdrmGEMSize)
 		for range gems {

@@ -17,7 +17,7 @@ func samplePVDRM() *Image {
 		Account: Account{Submissions: 3, Waits: []uint64{1, 2}},
 		PVDRM: &PVDRM{Features: 3, Ring: 40, NextFile: 2, GARTSize: 32 << 20,
 			Files: []PVDRMFile{
-				{ID: 1, NextChan: 1, NextGEM: 3, Chans: []uint32{1}, GEMs: []PVDRMGEM{
+				{ID: 1, NextChan: 1, NextGEM: 3, Chans: []PVDRMChan{{Handle: 1, Fence: 77}}, GEMs: []PVDRMGEM{
 					{Handle: 1, Domain: DomainGART, Flags: 1, Shared: true, Size: 8192, VA: 1 << 28, Place: 0},
 					{Handle: 3, Domain: DomainVRAM, Size: 4096, VA: 1<<28 + 8192, Place: 1 << 20},
 				}},
@@ -57,7 +57,7 @@ func TestPVDRMImageRefused(t *testing.T) {
 		"unaligned size":            func(m *Image) { m.PVDRM.Files[0].GEMs[0].Size = 100 },
 		"unknown domain":            func(m *Image) { m.PVDRM.Files[0].GEMs[0].Domain = 3 },
 		"duplicate file":            func(m *Image) { m.PVDRM.Files[1].ID = 1 },
-		"duplicate channel":         func(m *Image) { m.PVDRM.Files[0].Chans = []uint32{1, 1} },
+		"duplicate channel":         func(m *Image) { m.PVDRM.Files[0].Chans = []PVDRMChan{{Handle: 1}, {Handle: 1}} },
 		"too many files": func(m *Image) {
 			for i := range MaxPVDRMFiles {
 				m.PVDRM.Files = append(m.PVDRM.Files, PVDRMFile{ID: uint32(3 + i)})
