@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
+
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/pvdrm"
@@ -75,5 +78,58 @@ func TestResumingPVDRMOverSocket(t *testing.T) {
 	checkHonest(t, s.honest, s.marker)
 	if s.dst.HasRestore(s.guest.DomID) {
 		t.Fatal("the image still waits after the resume")
+	}
+}
+
+// TestPVDRMFrontEndResumes: a pvdrm front end (pvdrm.DialLocal, as `gpuvm
+// pvdrm` runs it) outlives a save of its vGPU: on the saved Bye it dials
+// the restoring daemon with a resuming Hello, is refused no-image until
+// the image arrives, and then goes on with the gdev context it opened
+// before the save — its VRAM buffer reads back, madd runs in it — and
+// runs fresh verified workloads; the honest VM beside is untouched.
+func TestPVDRMFrontEndResumes(t *testing.T) {
+	src, _ := newTestAggregator(t, 2)
+	dst, _ := newTestAggregator(t, 2)
+	honest, marker := honestBeside(t, dst)
+	srcSock, dstSock := serveOnSocket(t, src), serveOnSocket(t, dst)
+	fe, err := pvdrm.DialLocal(context.Background(), pvdrm.DialConfig{Socket: srcSock, DomID: 21, Name: "drm-fe", Mode: "pvdrm-pooling",
+		GARTSize: 128 << 20, ResumeTimeout: 30 * time.Second, ResumeSockets: []string{dstSock}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fe.Close() })
+	s := &pvdrmScene{dst: dst, honest: honest, marker: marker, g: &pvdrmGuest{c: fe.Client, shares: fe.Shares.(*pvdrm.LocalShares)}}
+	if s.ctx, err = gdev.NewContextOn(s.g.driver()); err != nil {
+		t.Fatal(err)
+	}
+	if err := maddOnce(s.ctx, 16); err != nil {
+		t.Fatalf("madd before the save: %v", err)
+	}
+	s.pattern = bytes.Repeat([]byte{1, 2, 3, 5, 8, 13, 21, 34}, 1<<13)
+	if s.dev, err = s.ctx.MemAlloc(uint64(len(s.pattern))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ctx.MemcpyHtoD(s.dev, s.pattern); err != nil {
+		t.Fatal(err)
+	}
+	vs := src.VGPUs()
+	if len(vs) != 1 {
+		t.Fatalf("%d vGPUs on the source", len(vs))
+	}
+	var img bytes.Buffer
+	if _, err := src.Save(context.Background(), vs[0], &img, false); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // the front end is refused no-image meanwhile
+	if _, err := dst.RegisterRestore(21, &img); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	s.verifyResumed(t)
+	checkHonest(t, honest, marker)
+	if n := len(src.VGPUs()); n != 0 {
+		t.Fatalf("%d vGPUs left on the source", n)
+	}
+	if w := fe.Welcome(); w.VGPU != uint32(dst.VGPUs()[1].ID) && w.VGPU != uint32(dst.VGPUs()[0].ID) {
+		t.Fatalf("the front end's Welcome names vGPU %d, not one of the restoring daemon's", w.VGPU)
 	}
 }
