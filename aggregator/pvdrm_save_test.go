@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
@@ -71,6 +72,7 @@ func savePVDRMScene(t *testing.T, mode string) *pvdrmScene {
 	if st.Bytes < uint64(len(s.pattern)) {
 		t.Fatalf("the image carries %d bytes of VRAM, less than the buffer of %d", st.Bytes, len(s.pattern))
 	}
+	t.Logf("%s saved: %d bytes of VRAM, image %d bytes, pause %v, took %v", mode, st.Bytes, img.Len(), st.Pause, st.Took)
 	if n := len(s.src.VGPUs()); n != 0 {
 		t.Fatalf("the saved vGPU is still attached on its board (%d vGPUs)", n)
 	}
@@ -174,9 +176,11 @@ func TestSaveRestorePVDRM(t *testing.T) {
 			if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
 				t.Fatalf("register: %v", err)
 			}
+			start := time.Now()
 			if err := s.resume(t); err != nil {
 				t.Fatalf("resume: %v", err)
 			}
+			t.Logf("%s restored in %v", mode, time.Since(start))
 			s.verifyResumed(t)
 			checkHonest(t, s.honest, s.marker)
 			if c := s.g.b.VGPU().Counters(); c.PVDRMRequests == 0 || c.Denied != 0 {
@@ -194,4 +198,39 @@ func newGART(t *testing.T, name string) (*hostmem.RAM, error) {
 		t.Cleanup(func() { r.Close() })
 	}
 	return r, err
+}
+
+// TestSavePVDRMKept: a pvdrm vGPU saved with keep stays parked on its
+// daemon, its back end serves on, and the same front end's next work
+// (its VRAM buffer from before the save, a madd in its context) brings
+// the vGPU back there.
+func TestSavePVDRMKept(t *testing.T) {
+	agg, _ := newTestAggregator(t, 2)
+	g := startPVDRMDomain(t, agg, 14, "drm-kept", "pvdrm", pvdrm.Features, nil)
+	s := &pvdrmScene{g: g}
+	var err error
+	if s.ctx, err = gdev.NewContextOn(g.driver()); err != nil {
+		t.Fatal(err)
+	}
+	s.pattern = bytes.Repeat([]byte{9, 8, 7, 6}, 1<<14)
+	if s.dev, err = s.ctx.MemAlloc(uint64(len(s.pattern))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ctx.MemcpyHtoD(s.dev, s.pattern); err != nil {
+		t.Fatal(err)
+	}
+	var img bytes.Buffer
+	if _, err := agg.Save(context.Background(), g.b.VGPU(), &img, true); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	if !g.b.VGPU().evicted.Load() {
+		t.Fatal("the kept vGPU is not parked")
+	}
+	if _, err := vgpuimage.Decode(&img); err != nil {
+		t.Fatalf("the kept vGPU's image: %v", err)
+	}
+	s.verifyResumed(t)
+	if g.b.VGPU().evicted.Load() {
+		t.Fatal("the kept vGPU is still parked after its front end's work")
+	}
 }
