@@ -235,7 +235,9 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	if lost, why := a.Lost(); lost {
 		return nil, fmt.Errorf("attach %s (domid %d): %w: %s", g.Name, g.DomID, ErrBoardLost, why)
 	}
-	if a.restorePending(g.DomID) {
+	// A pvdrm vGPU is restored by its back end (pvdrm_restore.go), over
+	// a fresh vGPU: its image is no vGPU image to park and rebuild.
+	if a.restorePending(g.DomID) && !config.Mode(g.Mode).IsPVDRM() {
 		return a.attachRestored(g, mapRAM) // restore.go
 	}
 	if g.Resume {

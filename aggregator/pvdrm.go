@@ -122,7 +122,8 @@ func (a *Aggregator) AttachPVDRMMapped(g Guest, gartSize uint64, mapGART GARTMap
 	priv.SetBusBase(0)
 	b := &PVDRMBackend{v: v, t: t, codec: pvdrm.NewCodec(), priv: priv, pooling: feat.Pooling, ops: pvdrmOps(),
 		vramSize: v.Slot.VRAM.Size, chans: v.Slot.Chans,
-		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{}), faultPoll: pvdrmFaultPoll}
+		gartOff: privSize, gartSize: gartSize, gart: rangealloc.New(0, gartSize), files: map[uint32]*pvFile{}, stopped: make(chan struct{}), faultPoll: pvdrmFaultPoll,
+		quiet: make(chan *pvdrmQuiet)}
 	fail := func(err error) (*PVDRMBackend, error) {
 		return nil, errors.Join(fmt.Errorf("attach %s: %w", g.Name, err), a.Detach(v), priv.Close())
 	}
@@ -132,6 +133,7 @@ func (a *Aggregator) AttachPVDRMMapped(g Guest, gartSize uint64, mapGART GARTMap
 	v.mu.Lock()
 	if !v.dead {
 		v.pvdrmWake = b.wake.broadcast
+		v.pvdrm = b
 		a.disp.onEnded(v, v.pvdrmWake)
 	}
 	v.mu.Unlock()
@@ -212,6 +214,10 @@ type PVDRMBackend struct {
 	// tests read it to see that a wait blocks rather than polls.
 	waitChecks atomic.Uint64
 
+	// quiet takes a save's request to stop serving between requests
+	// (pvdrm_save.go).
+	quiet chan *pvdrmQuiet
+
 	rmu     sync.Mutex // serialises responses (waiters answer too) and Next's look at them
 	waiters sync.WaitGroup
 	stopped chan struct{}
@@ -247,6 +253,13 @@ func (b *PVDRMBackend) Serve(ctx context.Context) error {
 	defer cancel()
 	var slot [pvdrm.SlotSize]byte
 	for {
+		select {
+		case q := <-b.quiet:
+			if !q.hold(ctx) {
+				return nil
+			}
+		default:
+		}
 		b.rmu.Lock() // Next checks the response index waiters advance
 		ok, err := b.ring.Next(slot[:])
 		b.rmu.Unlock()

@@ -14,46 +14,90 @@ import (
 // guest's GART heap; each mapped in its file's address space only.
 
 func (b *PVDRMBackend) opGEMNew(_ context.Context, f *pvFile, r pvdrm.Request) (map[string]uint64, int32) {
-	size, domain, flags := r.Args["size"], uint32(r.Args["domain"]), uint32(r.Args["flags"])
+	g, h, status := b.newGEM(f, r.Args["size"], uint32(r.Args["domain"]), uint32(r.Args["flags"]), nil)
+	if status != 0 {
+		return nil, status
+	}
+	return map[string]uint64{"handle": uint64(h), "gpu_va": g.va, "size": g.size}, 0
+}
+
+// gemPlace is where a restored GEM object goes (pvdrm_restore.go): the
+// handle, GPU virtual address and GART offset its front end holds.
+type gemPlace struct {
+	handle uint32
+	va     uint64
+	gart   uint64
+	shared bool
+}
+
+// newGEM creates a GEM object in f — GEM_NEW's path, with its checks and
+// bounds — and returns it with its handle. at, when set, is where a
+// restored object must go: its handle, address and (GART) offset, each
+// refused (EINVAL) if not free.
+func (b *PVDRMBackend) newGEM(f *pvFile, size uint64, domain, flags uint32, at *gemPlace) (*gemObject, uint32, int32) {
 	if size == 0 || size > b.vramSize+b.gartSize || flags&^pvdrm.GEMMappable != 0 {
-		return nil, -pvdrm.EINVAL
+		return nil, 0, -pvdrm.EINVAL
 	}
 	size = (size + nvc0.PageSize - 1) &^ (nvc0.PageSize - 1)
 	if b.objects >= pvdrmMaxObjects {
-		return nil, -pvdrm.ENOSPC
+		return nil, 0, -pvdrm.ENOSPC
+	}
+	if at != nil && (at.handle == 0 || f.gems[at.handle] != nil) {
+		return nil, 0, -pvdrm.EINVAL
 	}
 	g := &gemObject{domain: domain, flags: flags, size: size}
 	var err error
 	switch domain {
 	case pvdrm.DomainVRAM:
 		if flags&pvdrm.GEMMappable != 0 {
-			return nil, -pvdrm.EINVAL // the guest has no BAR to map VRAM through
+			return nil, 0, -pvdrm.EINVAL // the guest has no BAR to map VRAM through
 		}
 		if g.vram, err = b.dev.AllocVRAM(size, nvc0.PageSize); err != nil {
-			return nil, -pvdrm.ENOMEM // the VM's VRAM quota
+			return nil, 0, -pvdrm.ENOMEM // the VM's VRAM quota
 		}
 	case pvdrm.DomainGART:
-		if hit := b.fromPool(size, flags); hit != nil {
-			g = hit
-			b.v.ctr.pvdrmPoolHits.Add(1)
-		} else if g.gart, err = b.allocGART(size); err != nil {
-			return nil, -pvdrm.ENOMEM
+		switch {
+		case at != nil:
+			if err = b.gart.Reserve(at.gart, size); err != nil {
+				return nil, 0, -pvdrm.EINVAL
+			}
+			g.gart, g.shared = at.gart, at.shared
+		default:
+			if hit := b.fromPool(size, flags); hit != nil {
+				g = hit
+				b.v.ctr.pvdrmPoolHits.Add(1)
+			} else if g.gart, err = b.allocGART(size); err != nil {
+				return nil, 0, -pvdrm.ENOMEM
+			}
 		}
 	default:
-		return nil, -pvdrm.EINVAL
+		return nil, 0, -pvdrm.EINVAL
 	}
-	if err = b.mapGEM(f, g); err != nil {
+	var va *uint64
+	if at != nil {
+		va = &at.va
+	}
+	if err = b.mapGEM(f, g, va); err != nil {
 		b.v.gripeLog("pvdrm GEM map", "err", err)
 		b.freeBacking(g)
-		return nil, -pvdrm.ENOMEM
+		if at != nil {
+			return nil, 0, -pvdrm.EINVAL
+		}
+		return nil, 0, -pvdrm.ENOMEM
 	}
-	f.nextGEM++
-	for f.nextGEM == 0 || f.gems[f.nextGEM] != nil {
+	h := uint32(0)
+	if at != nil {
+		h = at.handle
+	} else {
 		f.nextGEM++
+		for f.nextGEM == 0 || f.gems[f.nextGEM] != nil {
+			f.nextGEM++
+		}
+		h = f.nextGEM
 	}
-	f.gems[f.nextGEM] = g
+	f.gems[h] = g
 	b.objects++
-	return map[string]uint64{"handle": uint64(f.nextGEM), "gpu_va": g.va, "size": g.size}, 0
+	return g, h, 0
 }
 
 // allocGART carves size bytes from the GART heap, dropping pooled buffers
@@ -68,9 +112,16 @@ func (b *PVDRMBackend) allocGART(size uint64) (uint64, error) {
 	}
 }
 
-// mapGEM maps g in f's address space.
-func (b *PVDRMBackend) mapGEM(f *pvFile, g *gemObject) error {
-	va, err := f.vm.AllocVA(g.size, nvc0.PageSize)
+// mapGEM maps g in f's address space: at *at if set (a restored object's
+// address, which must be free), else wherever there is room.
+func (b *PVDRMBackend) mapGEM(f *pvFile, g *gemObject, at *uint64) error {
+	var va uint64
+	var err error
+	if at != nil {
+		va, err = *at, f.vm.ReserveVA(*at, g.size)
+	} else {
+		va, err = f.vm.AllocVA(g.size, nvc0.PageSize)
+	}
 	if err != nil {
 		return err
 	}

@@ -130,23 +130,36 @@ func (b *PVDRMBackend) opHello(r pvdrm.Request) (map[string]uint64, int32) {
 }
 
 func (b *PVDRMBackend) opOpen(_ context.Context, _ *pvFile, _ pvdrm.Request) (map[string]uint64, int32) {
+	f, status := b.openFile(0)
+	if status != 0 {
+		return nil, status
+	}
+	return map[string]uint64{"file": uint64(f.id)}, 0
+}
+
+// openFile opens a DRM file — OPEN's path, with its bound — as id, or
+// (id 0) as the next free id.
+func (b *PVDRMBackend) openFile(id uint32) (*pvFile, int32) {
 	if len(b.files) >= pvdrmMaxFiles {
 		return nil, -pvdrm.ENOSPC
+	}
+	if _, taken := b.files[id]; taken {
+		return nil, -pvdrm.EINVAL
 	}
 	vm, err := b.dev.NewVM()
 	if err != nil {
 		b.v.gripeLog("pvdrm open", "err", err)
 		return nil, -pvdrm.ENOMEM
 	}
-	for {
+	for id == 0 {
 		b.nextFile++
 		if _, taken := b.files[b.nextFile]; b.nextFile != 0 && !taken {
-			break
+			id = b.nextFile
 		}
 	}
-	f := &pvFile{id: b.nextFile, vm: vm, chans: map[uint32]*pvChan{}, gems: map[uint32]*gemObject{}}
+	f := &pvFile{id: id, vm: vm, chans: map[uint32]*pvChan{}, gems: map[uint32]*gemObject{}}
 	b.files[f.id] = f
-	return map[string]uint64{"file": uint64(f.id)}, 0
+	return f, 0
 }
 
 func (b *PVDRMBackend) opClose(_ context.Context, f *pvFile, _ pvdrm.Request) (map[string]uint64, int32) {
@@ -205,17 +218,35 @@ func (b *PVDRMBackend) opGetParam(_ context.Context, _ *pvFile, r pvdrm.Request)
 }
 
 func (b *PVDRMBackend) opChannelAlloc(_ context.Context, f *pvFile, _ pvdrm.Request) (map[string]uint64, int32) {
+	h, status := b.newChannel(f, 0)
+	if status != 0 {
+		return nil, status
+	}
+	return map[string]uint64{"channel": uint64(h)}, 0
+}
+
+// newChannel creates a channel of f — CHANNEL_ALLOC's path, bounded by the
+// VM's channel quota — as handle h, or (h 0) as the next handle.
+func (b *PVDRMBackend) newChannel(f *pvFile, h uint32) (uint32, int32) {
+	if h != 0 && f.chans[h] != nil {
+		return 0, -pvdrm.EINVAL
+	}
 	ch, err := b.dev.NewChannel(f.vm)
 	if err != nil {
 		if errors.Is(err, nouveau.ErrNoChannel) {
-			return nil, -pvdrm.ENOSPC // the VM's channel quota
+			return 0, -pvdrm.ENOSPC // the VM's channel quota
 		}
 		b.v.gripeLog("pvdrm channel alloc", "err", err)
-		return nil, -pvdrm.EIO
+		return 0, -pvdrm.EIO
 	}
-	f.nextChan++
-	f.chans[f.nextChan] = &pvChan{ch: ch}
-	return map[string]uint64{"channel": uint64(f.nextChan)}, 0
+	for h == 0 {
+		f.nextChan++
+		if f.nextChan != 0 && f.chans[f.nextChan] == nil {
+			h = f.nextChan
+		}
+	}
+	f.chans[h] = &pvChan{ch: ch}
+	return h, 0
 }
 
 func (b *PVDRMBackend) opChannelFree(_ context.Context, f *pvFile, r pvdrm.Request) (map[string]uint64, int32) {

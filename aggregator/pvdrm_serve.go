@@ -35,7 +35,9 @@ func (c pvdrmConn) Call(op uint16, args []uint64) (ipc.CallResult, error) { retu
 
 // servePVDRM attaches a pvdrm front end: the handshake carries its GART
 // heap as the RAM memfd and the local transport's three files (ring
-// memfd, eventfd to the back end, eventfd to the front end) as extras.
+// memfd, eventfd to the back end, eventfd to the front end) as extras. A
+// resuming front end (the Hello's resume flag) brings the ring and heap
+// it had and gets the back end the image waiting for its domain holds.
 // The back end serves the ring for as long as the connection lasts.
 func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.Logger) {
 	h := p.Hello()
@@ -50,7 +52,12 @@ func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.L
 		_ = p.Reject(err.Error())
 		return
 	}
-	b, err := a.AttachPVDRM(Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, PID: p.Peer().PID}, p.RAM(), h.RAMSize, t)
+	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, PID: p.Peer().PID}
+	attach := a.AttachPVDRM
+	if h.Resume {
+		attach = a.AttachPVDRMRestored
+	}
+	b, err := attach(g, p.RAM(), h.RAMSize, t)
 	if err != nil {
 		log.Warn("refused", "err", err)
 		_ = p.Reject(err.Error())

@@ -78,6 +78,14 @@ func startPVDRMWith(t testing.TB, agg *Aggregator, name, mode string, before fun
 // features at HELLO.
 func startPVDRMFeatures(t testing.TB, agg *Aggregator, name, mode string, features uint64, before func(*pvdrmGuest)) *pvdrmGuest {
 	t.Helper()
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return startPVDRMDomain(t, agg, h.Sum32(), name, mode, features, before)
+}
+
+// startPVDRMDomain is startPVDRMFeatures for domain domid.
+func startPVDRMDomain(t testing.TB, agg *Aggregator, domid uint32, name, mode string, features uint64, before func(*pvdrmGuest)) *pvdrmGuest {
+	t.Helper()
 	g := &pvdrmGuest{}
 	var err error
 	if g.gart, err = hostmem.New(name+"-gart", 128<<20); err != nil {
@@ -96,9 +104,7 @@ func startPVDRMFeatures(t testing.TB, agg *Aggregator, name, mode string, featur
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := fnv.New32a()
-	h.Write([]byte(name))
-	if g.b, err = agg.AttachPVDRM(Guest{DomID: h.Sum32(), Name: name, Mode: mode}, gf, g.gart.Size(), back); err != nil {
+	if g.b, err = agg.AttachPVDRM(Guest{DomID: domid, Name: name, Mode: mode}, gf, g.gart.Size(), back); err != nil {
 		t.Fatal(err)
 	}
 	if before != nil {

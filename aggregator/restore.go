@@ -94,12 +94,23 @@ func (a *Aggregator) CheckImage(domid uint32, img *vgpuimage.Image) error {
 		return refuse("domain id %d not in 1..32751", domid)
 	case !IsServedMode(id.Mode):
 		return refuse("mode %q is not served (have %v)", id.Mode, Modes())
-	case config.Mode(id.Mode).IsPVDRM():
-		return refuse("mode %s: pvdrm vGPUs are not restored from images", id.Mode)
+	case config.Mode(id.Mode).IsPVDRM() != id.PVDRM:
+		return refuse("mode %s with a pvdrm section %v: a pvdrm mode's image has one, no other's does", id.Mode, id.PVDRM)
 	}
 	feat, err := FeaturesFor(id.Mode)
-	if err != nil || feat.PV != id.PV {
+	// A pvdrm image carries no PV tables: they are its back-end driver's.
+	if err != nil || (feat.PV && !feat.PVDRM) != id.PV {
 		return refuse("mode %s with PV %v: %v", id.Mode, id.PV, err)
+	}
+	if id.PVDRM {
+		if len(img.Regs) != 0 {
+			return refuse("a pvdrm image with %d registers: a pvdrm guest has none", len(img.Regs))
+		}
+		for i, c := range img.Chans {
+			if c.Inst != 0 || c.Ctl != 0 || c.Put != 0 || c.Enabled || c.Listed || c.Killed || c.State != nil {
+				return refuse("a pvdrm image with state for channel %d: its channels are its back-end driver's", i)
+			}
+		}
 	}
 	if len(a.layout.Slots) == 0 {
 		return refuse("the board has no slots")

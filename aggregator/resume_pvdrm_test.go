@@ -1,43 +1,135 @@
 package aggregator
 
 import (
+	"bytes"
 	"context"
-	"strings"
 	"testing"
+	"time"
 
-	"github.com/gpuvm/gpuvm/gpu/hostmem"
+	"github.com/gpuvm/gpuvm/guest-driver/gdev"
+
 	"github.com/gpuvm/gpuvm/ipc"
+	"github.com/gpuvm/gpuvm/pvdrm"
 )
 
-// TestResumingPVDRMRefused: a device model that says it resumes a saved
-// vGPU (the Hello's resume flag) in a pvdrm mode is refused: no pvdrm vGPU
-// is ever saved, and a fresh one is what the flag exists to rule out.
-func TestResumingPVDRMRefused(t *testing.T) {
+// dialResumingPVDRM connects g's front end (its GART heap and ring) to the
+// daemon on sock with a resuming Hello, as a pvdrm front end process does
+// after its vGPU was saved.
+func dialResumingPVDRM(t *testing.T, sock string, guest Guest, g *pvdrmGuest) (*ipc.Client, error) {
+	t.Helper()
+	gf, err := g.gart.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gf.Close()
+	c, _, extra, err := ipc.Dial(context.Background(), sock,
+		ipc.Hello{DomID: guest.DomID, Name: guest.Name, Mode: guest.Mode, RAMSize: g.gart.Size(), Transport: ipc.TransportShm, Resume: true},
+		gf, g.front.Files(), nil)
+	for _, x := range extra {
+		x.Close()
+	}
+	return c, err
+}
+
+// TestResumingPVDRMNoImage: a pvdrm front end that says it resumes a saved
+// vGPU while no image waits for its domain is refused with the no-image
+// reason (it may try again) and nothing is attached: a fresh back end is
+// what the resume flag exists to rule out.
+func TestResumingPVDRMNoImage(t *testing.T) {
 	agg, _ := newTestAggregator(t, 2)
 	sock := serveOnSocket(t, agg)
-	ram, err := hostmem.New("pvdrm-resume", 64<<20)
-	if err != nil {
+	g := &pvdrmGuest{}
+	var err error
+	if g.front, err = pvdrm.NewLocalFront(1); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ram.Close() })
-	f, err := ram.File()
-	if err != nil {
+	t.Cleanup(func() { g.front.Close() })
+	if g.gart, err = newGART(t, "resume-noimage"); err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	c, _, extra, err := ipc.Dial(context.Background(), sock,
-		ipc.Hello{DomID: 9, Name: "pvdrm-guest", Mode: "pvdrm", RAMSize: ram.Size(), Transport: ipc.TransportShm, Resume: true}, f, nil, nil)
+	c, err := dialResumingPVDRM(t, sock, Guest{DomID: 9, Name: "pvdrm-guest", Mode: "pvdrm"}, g)
 	if err == nil {
-		for _, x := range extra {
-			x.Close()
-		}
 		c.Close()
-		t.Fatal("a resuming pvdrm device model was welcomed")
+		t.Fatal("a resuming pvdrm front end was welcomed with no image waiting")
 	}
-	if !strings.Contains(err.Error(), "pvdrm vGPUs are never saved") {
-		t.Fatalf("refused with %v, want the pvdrm reason", err)
+	if !ipc.IsNoImage(err) {
+		t.Fatalf("refused with %v, want the no-image reason", err)
 	}
 	if n := len(agg.VGPUs()); n != 0 {
 		t.Fatalf("%d vGPUs attached after the refusal", n)
+	}
+}
+
+// TestResumingPVDRMOverSocket: a saved pvdrm vGPU's front end comes back
+// over the daemon's socket with a resuming Hello, bringing its ring and
+// GART heap, and goes on on the restoring daemon with the handles it held.
+func TestResumingPVDRMOverSocket(t *testing.T) {
+	s := savePVDRMScene(t, "pvdrm-pooling")
+	sock := serveOnSocket(t, s.dst)
+	if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	c, err := dialResumingPVDRM(t, sock, s.guest, s.g)
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s.verifyResumed(t)
+	checkHonest(t, s.honest, s.marker)
+	if s.dst.HasRestore(s.guest.DomID) {
+		t.Fatal("the image still waits after the resume")
+	}
+}
+
+// TestPVDRMFrontEndResumes: a pvdrm front end (pvdrm.DialLocal, as `gpuvm
+// pvdrm` runs it) outlives a save of its vGPU: on the saved Bye it dials
+// the restoring daemon with a resuming Hello, is refused no-image until
+// the image arrives, and then goes on with the gdev context it opened
+// before the save — its VRAM buffer reads back, madd runs in it — and
+// runs fresh verified workloads; the honest VM beside is untouched.
+func TestPVDRMFrontEndResumes(t *testing.T) {
+	src, _ := newTestAggregator(t, 2)
+	dst, _ := newTestAggregator(t, 2)
+	honest, marker := honestBeside(t, dst)
+	srcSock, dstSock := serveOnSocket(t, src), serveOnSocket(t, dst)
+	fe, err := pvdrm.DialLocal(context.Background(), pvdrm.DialConfig{Socket: srcSock, DomID: 21, Name: "drm-fe", Mode: "pvdrm-pooling",
+		GARTSize: 128 << 20, ResumeTimeout: 30 * time.Second, ResumeSockets: []string{dstSock}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fe.Close() })
+	s := &pvdrmScene{dst: dst, honest: honest, marker: marker, g: &pvdrmGuest{c: fe.Client, shares: fe.Shares.(*pvdrm.LocalShares)}}
+	if s.ctx, err = gdev.NewContextOn(s.g.driver()); err != nil {
+		t.Fatal(err)
+	}
+	if err := maddOnce(s.ctx, 16); err != nil {
+		t.Fatalf("madd before the save: %v", err)
+	}
+	s.pattern = bytes.Repeat([]byte{1, 2, 3, 5, 8, 13, 21, 34}, 1<<13)
+	if s.dev, err = s.ctx.MemAlloc(uint64(len(s.pattern))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ctx.MemcpyHtoD(s.dev, s.pattern); err != nil {
+		t.Fatal(err)
+	}
+	vs := src.VGPUs()
+	if len(vs) != 1 {
+		t.Fatalf("%d vGPUs on the source", len(vs))
+	}
+	var img bytes.Buffer
+	if _, err := src.Save(context.Background(), vs[0], &img, false); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // the front end is refused no-image meanwhile
+	if _, err := dst.RegisterRestore(21, &img); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	s.verifyResumed(t)
+	checkHonest(t, honest, marker)
+	if n := len(src.VGPUs()); n != 0 {
+		t.Fatalf("%d vGPUs left on the source", n)
+	}
+	if w := fe.Welcome(); w.VGPU != uint32(dst.VGPUs()[1].ID) && w.VGPU != uint32(dst.VGPUs()[0].ID) {
+		t.Fatalf("the front end's Welcome names vGPU %d, not one of the restoring daemon's", w.VGPU)
 	}
 }

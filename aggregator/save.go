@@ -33,8 +33,8 @@ import (
 // not be written leaves it parked either way.
 
 // ErrSaveUnsupported is returned for a vGPU whose state cannot be saved:
-// a pvdrm vGPU, whose back end's open files, GEM objects and pooled
-// buffers are in the back-end driver's memory and not serialized yet.
+// a vGPU of a pvdrm mode with no back end on it (one being attached),
+// whose state is nowhere but in that back end.
 var ErrSaveUnsupported = errors.New("saving this vGPU's state is not supported")
 
 // SaveReason is the Bye a saved vGPU's device model gets. It begins
@@ -69,6 +69,9 @@ type SaveHold struct {
 	timer *time.Timer
 	once  sync.Once
 	err   error
+	// onEnd, when set, runs once the hold ended: a pvdrm back end serves
+	// on (after a commit, it finds its vGPU gone and stops).
+	onEnd func()
 }
 
 // Save parks v, writes its state image to w and then destroys it — or,
@@ -90,9 +93,28 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, *SaveHold, error) {
 	start := time.Now()
 	var st SaveStats
+	// A pvdrm vGPU's back end stops between two requests first, before
+	// restoreMu: a request it is serving may be waiting for the vGPU to
+	// be resident (pvdrm_save.go).
+	var letGo func()
 	if config.Mode(v.Guest.Mode).IsPVDRM() {
-		return st, nil, fmt.Errorf("save vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+		v.mu.Lock()
+		b := v.pvdrm
+		v.mu.Unlock()
+		if b == nil {
+			return st, nil, fmt.Errorf("save vGPU %d (mode %s): %w: it has no pvdrm back end", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+		}
+		var err error
+		if letGo, err = b.quiesce(ctx); err != nil {
+			return st, nil, fmt.Errorf("save vGPU %d: %w", v.ID, err)
+		}
 	}
+	quietHeld := false
+	defer func() {
+		if letGo != nil && !quietHeld {
+			letGo()
+		}
+	}()
 	// No restore from the moment it is parked until it is destroyed or
 	// the hold is let go (kept: until its image is written): a guest
 	// access meanwhile waits in ensureResident. Were it let through
@@ -127,8 +149,8 @@ func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bo
 	if keep {
 		return st, nil, nil
 	}
-	held = true
-	h := &SaveHold{a: a, v: v}
+	held, quietHeld = true, true
+	h := &SaveHold{a: a, v: v, onEnd: letGo}
 	h.timer = time.AfterFunc(SaveCommitTimeout, func() {
 		if h.release(false) {
 			v.logger().Warn("save not committed in time: the vGPU stays parked and resumes here", "timeout", SaveCommitTimeout)
@@ -170,6 +192,9 @@ func (h *SaveHold) release(commit bool) bool {
 		}
 		h.v.saveHold.CompareAndSwap(h, nil)
 		h.v.restoreMu.Unlock()
+		if h.onEnd != nil {
+			h.onEnd()
+		}
 	})
 	return done
 }
@@ -213,6 +238,12 @@ func (v *VGPU) capture() (*vgpuimage.Image, error) {
 	if acc := v.leftAccount; acc != nil && acc.v == v {
 		m.Account = vgpuimage.Account{Submissions: acc.submissions, GPUTimeNs: uint64(acc.gpuTime), QueueWaitNs: uint64(acc.queueWait),
 			Released: acc.released, SLOViolations: acc.slo.violations, SLOBoosted: acc.slo.boosted, Waits: slices.Clone(acc.waits[:])}
+	}
+	if v.pvdrm != nil {
+		if err := v.pvdrm.capturePVDRM(m, v.image.pages); err != nil {
+			return nil, fmt.Errorf("pvdrm back end: %w", err)
+		}
+		return m, nil
 	}
 	for _, p := range v.image.pages {
 		m.Pages = append(m.Pages, vgpuimage.Page{Off: p.off, Data: slices.Clone(p.data)})

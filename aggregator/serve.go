@@ -118,12 +118,8 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 		}
 	}
 	if config.Mode(h.Mode).IsPVDRM() {
-		if h.Resume {
-			// No pvdrm vGPU is ever saved, so none resumes: a fresh one
-			// is what the resume flag exists to rule out.
-			_ = p.Reject(fmt.Sprintf("a resuming device model in mode %s: pvdrm vGPUs are never saved, so none resumes", h.Mode))
-			return
-		}
+		// A resuming front end takes the image waiting for its domain
+		// (pvdrm_restore.go); a fresh one never does.
 		a.servePVDRM(ctx, p, log)
 		return
 	}

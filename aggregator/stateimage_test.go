@@ -318,8 +318,10 @@ func sortRegs(r []vgpuimage.Reg) {
 	}
 }
 
-// TestSavePVDRMUnsupported: a pvdrm vGPU is refused at save, untouched.
-func TestSaveRefusesPVDRM(t *testing.T) {
+// TestSaveRefusesPVDRMWithoutBackEnd: a vGPU of a pvdrm mode with no back
+// end on it (its state is nowhere else) is refused at save, untouched. A
+// pvdrm vGPU with its back end is saved (pvdrm_save_test.go).
+func TestSaveRefusesPVDRMWithoutBackEnd(t *testing.T) {
 	agg, _ := newTestAggregator(t, 1)
 	v := &VGPU{ID: 1, Guest: Guest{Mode: "pvdrm"}}
 	if _, err := agg.Save(context.Background(), v, &bytes.Buffer{}, false); !errors.Is(err, ErrSaveUnsupported) {

@@ -102,6 +102,9 @@ type VGPU struct {
 	// submission ends (registered with the dispatcher of whichever board
 	// the vGPU is on: rewireEnded). Set once at attach, under mu.
 	pvdrmWake func()
+	// pvdrm is a pvdrm vGPU's back end, which a save quiesces and
+	// captures (pvdrm_save.go). Set once at attach, under mu.
+	pvdrm *PVDRMBackend
 
 	// The VM's connection: hangup ends it with a reason (set once the
 	// connection is up); gone is why the vGPU was destroyed, once it was.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
@@ -24,8 +25,12 @@ type FrontEnd struct {
 	// Shares maps the buffers GEM_MMAP shares.
 	Shares FrontShares
 
+	mu      sync.Mutex  // guards ctl and welcome, which a resume replaces
 	ctl     *ipc.Client // nil on the xen transport
 	welcome ipc.Welcome
+	cfg     DialConfig
+	closing chan struct{} // closed by Close: a resume stops
+	once    sync.Once
 	gart    *hostmem.RAM
 	xs      *xenstore.Client // the xen transport's, closed last
 }
@@ -53,12 +58,20 @@ type DialConfig struct {
 	// RingPages is the ring's size in pages (default 1: 16 requests).
 	RingPages int
 	Logger    *slog.Logger
+	// ResumeTimeout, when positive, lets the front end outlive a save of
+	// its vGPU (frontend_resume.go): on the saved Bye it dials again with
+	// a resuming Hello until a daemon restores the image or this long has
+	// passed. Zero: a saved Bye ends it as any Bye does.
+	ResumeTimeout time.Duration
+	// ResumeSockets are the sockets a resume tries in turn (default:
+	// Socket).
+	ResumeSockets []string
 }
 
 // DialLocal connects a front end to the aggregator listening on cfg.Socket
 // and says HELLO, asking for pooling in mode pvdrm-pooling.
 func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
-	fe = &FrontEnd{}
+	fe = &FrontEnd{cfg: cfg, closing: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, fe.Close())
@@ -94,28 +107,38 @@ func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
 		return fe, err
 	}
 	fe.Shares = NewLocalShares(fe.gart.Fd(), fe.gart.Size(), fe.Client.Features&FeaturePooling != 0)
-	if done := fe.ctl.Done(); done != nil {
+	if fe.ctl.Done() != nil {
 		// The aggregator says goodbye on the device-model socket (the
-		// vGPU was destroyed, or the daemon stops): fail what waits.
-		go func() {
-			<-done
-			fe.Client.Abort(fe.ctl.Err())
-		}()
+		// vGPU was destroyed or saved, or the daemon stops): fail what
+		// waits, or resume.
+		go fe.watch(local)
 	}
 	return fe, nil
 }
 
 // Welcome returns what the aggregator granted (vGPU id, VRAM quota,
 // channels, timing profile).
-func (fe *FrontEnd) Welcome() ipc.Welcome { return fe.welcome }
+func (fe *FrontEnd) Welcome() ipc.Welcome {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	return fe.welcome
+}
+
+// control returns the device-model connection (nil on the xen transport).
+func (fe *FrontEnd) control() *ipc.Client {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	return fe.ctl
+}
 
 // Counters reads the vGPU's counters by name (the device-model socket's
 // counters call).
 func (fe *FrontEnd) Counters(names []string) (map[string]uint64, error) {
-	if fe.ctl == nil {
+	ctl := fe.control()
+	if ctl == nil {
 		return nil, ErrNoControl
 	}
-	return fe.ctl.Counters(names)
+	return ctl.Counters(names)
 }
 
 // RoundTrips measures, n times each, a request's round trip on the pvdrm
@@ -131,12 +154,13 @@ func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, m
 		}
 	}
 	ring = time.Since(start) / time.Duration(n)
-	if fe.ctl == nil {
+	ctl := fe.control()
+	if ctl == nil {
 		return ring, 0, nil
 	}
 	start = time.Now()
 	for range n {
-		if _, err := fe.ctl.Call(ipc.OpCounters, 1<<32); err != nil { // an unknown group: refused at once
+		if _, err := ctl.Call(ipc.OpCounters, 1<<32); err != nil { // an unknown group: refused at once
 			return 0, 0, err
 		}
 	}
@@ -146,6 +170,9 @@ func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, m
 // Close disconnects (the aggregator tears the vGPU down) and frees the
 // GART heap.
 func (fe *FrontEnd) Close() error {
+	if fe.closing != nil {
+		fe.once.Do(func() { close(fe.closing) })
+	}
 	var errs []error
 	if fe.Client != nil {
 		errs = append(errs, fe.Client.Close())
@@ -153,8 +180,8 @@ func (fe *FrontEnd) Close() error {
 	if fe.Shares != nil {
 		errs = append(errs, fe.Shares.Close())
 	}
-	if fe.ctl != nil {
-		errs = append(errs, fe.ctl.Close())
+	if ctl := fe.control(); ctl != nil {
+		errs = append(errs, ctl.Close())
 	}
 	if fe.gart != nil {
 		errs = append(errs, fe.gart.Close())

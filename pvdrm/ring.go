@@ -114,6 +114,24 @@ func NewBack(mem []byte) (*Back, error) {
 // Size returns the number of slots.
 func (b *Back) Size() uint32 { return b.s.n }
 
+// Quiet returns the ring index the back end stands at when every request
+// it consumed was answered (ok false otherwise): a back end that resumes
+// the ring later, on another daemon, starts there (Resume).
+func (b *Back) Quiet() (idx uint32, ok bool) {
+	return b.reqCons, b.broken == nil && b.reqCons == b.rspProdPvt
+}
+
+// Resume sets a back end that has consumed nothing yet at ring index idx
+// (another back end's Quiet): requests before it were answered already.
+// The indices in the ring are the front end's, checked as ever by Next.
+func (b *Back) Resume(idx uint32) error {
+	if b.reqCons != 0 || b.rspProdPvt != 0 {
+		return errors.New("pvdrm ring: resume of a back end that served already")
+	}
+	b.reqCons, b.rspProdPvt = idx, idx
+	return nil
+}
+
 // Next copies the next unread request into dst (SlotSize bytes) and reports
 // whether there was one. It reads req_prod once and fails for good with
 // ErrOverflow if the front end claims more outstanding requests than the

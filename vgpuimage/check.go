@@ -23,6 +23,14 @@ func (m *Image) check() error {
 			return fmt.Errorf("PV: %w", err)
 		}
 	}
+	if (m.PVDRM != nil) != m.Identity.PVDRM {
+		return fmt.Errorf("pvdrm section present %v for a vGPU with pvdrm %v: %w", m.PVDRM != nil, m.Identity.PVDRM, ErrMalformed)
+	}
+	if m.PVDRM != nil {
+		if err := m.PVDRM.check(&m.Identity); err != nil {
+			return fmt.Errorf("pvdrm: %w", err)
+		}
+	}
 	if len(m.Account.Waits) > MaxWaitBuckets {
 		return fmt.Errorf("account: %d wait buckets, at most %d: %w", len(m.Account.Waits), MaxWaitBuckets, ErrMalformed)
 	}

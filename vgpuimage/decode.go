@@ -26,6 +26,8 @@ func maxBody(typ uint16) (uint64, bool) {
 		return 48 + 4 + 8*MaxWaitBuckets, true
 	case SecPage:
 		return 8 + MaxPageSection, true
+	case SecPVDRM:
+		return maxPVDRMBody, true
 	case SecEnd:
 		return 0, true
 	}
@@ -47,6 +49,8 @@ func SectionName(typ uint16) string {
 		return "account"
 	case SecPage:
 		return "VRAM page"
+	case SecPVDRM:
+		return "pvdrm"
 	case SecEnd:
 		return "end"
 	}
@@ -136,6 +140,9 @@ func decode(r io.Reader) (*Image, error) {
 				want = append(want, SecPV)
 			}
 			want = append(want, SecAccount)
+			if m.Identity.PVDRM {
+				want = append(want, SecPVDRM)
+			}
 		case SecPV:
 			m.PV = c.pv()
 			if err := c.done(); err != nil {
@@ -151,6 +158,14 @@ func decode(r io.Reader) (*Image, error) {
 			}
 			if len(m.Account.Waits) > MaxWaitBuckets {
 				return m, fmt.Errorf("account: %d wait buckets: %w", len(m.Account.Waits), ErrMalformed)
+			}
+		case SecPVDRM:
+			m.PVDRM = c.pvdrm()
+			if err := c.done(); err != nil {
+				return m, fmt.Errorf("pvdrm: %w", err)
+			}
+			if err := m.PVDRM.check(&m.Identity); err != nil {
+				return m, fmt.Errorf("pvdrm: %w", err)
 			}
 		case SecPage:
 			off := c.u64()
@@ -334,7 +349,7 @@ func (c *cursor) identity() Identity {
 	if c.err == nil && f&^idFlags != 0 {
 		c.err = fmt.Errorf("flags %#x: unknown bits: %w", f, ErrMalformed)
 	}
-	id.PV = f&idPV != 0
+	id.PV, id.PVDRM = f&idPV != 0, f&idPVDRM != 0
 	return id
 }
 

@@ -18,6 +18,7 @@ const (
 	SecAccount  = 5
 	SecPage     = 6 // zero or more
 	SecEnd      = 7
+	SecPVDRM    = 8 // exactly when the identity says pvdrm, after the account
 )
 
 // HeaderSize, SectionHeaderSize and TrailerSize are the fixed parts.
@@ -35,7 +36,8 @@ const (
 	chanFlags   = chanEnabled | chanListed | chanKilled | chanState
 
 	idPV    = 1 << 0
-	idFlags = idPV
+	idPVDRM = 1 << 1
+	idFlags = idPV | idPVDRM
 )
 
 var le = binary.LittleEndian
@@ -64,6 +66,9 @@ func encodeUnchecked(w io.Writer, m *Image) error {
 		e.section(SecPV, pvBody(m.PV))
 	}
 	e.section(SecAccount, accountBody(&m.Account))
+	if m.PVDRM != nil {
+		e.section(SecPVDRM, pvdrmBody(m.PVDRM))
+	}
 	for _, p := range m.Pages {
 		var off [8]byte
 		le.PutUint64(off[:], p.Off)
@@ -139,6 +144,9 @@ func identityBody(id *Identity) []byte {
 	var f uint32
 	if id.PV {
 		f |= idPV
+	}
+	if id.PVDRM {
+		f |= idPVDRM
 	}
 	b.u32(f)
 	return b

@@ -81,6 +81,9 @@ type Image struct {
 	PV *PV
 	// Account is the vGPU's scheduler account totals.
 	Account Account
+	// PVDRM is a pvdrm vGPU's back end (present exactly when
+	// Identity.PVDRM).
+	PVDRM *PVDRM
 	// Pages are the VRAM ranges of the slot in use, sorted, not
 	// overlapping, inside Identity.VRAM.
 	Pages []Page
@@ -95,6 +98,10 @@ type Identity struct {
 	Channels            uint32
 	BAR1, BAR3          uint64
 	PV                  bool
+	// PVDRM: a pvdrm vGPU, whose back end's state is the PVDRM section;
+	// its registers, channels and PV tables are its back-end driver's and
+	// are not carried (a restore opens a new driver).
+	PVDRM bool
 }
 
 // Reg is one register's value.
@@ -186,5 +193,9 @@ func (m *Image) Scrub() {
 		clear(m.PV.BAR3)
 	}
 	clear(m.Regs)
+	if m.PVDRM != nil {
+		clear(m.PVDRM.Files)
+		clear(m.PVDRM.Pool)
+	}
 	*m = Image{}
 }

@@ -199,6 +199,7 @@ func TestEncodeRefusesOutOfBounds(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(rawEncode(sample(false)))
 	f.Add(rawEncode(sample(true)))
+	f.Add(rawEncode(samplePVDRM()))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(bytes.NewReader(b))
 		if err != nil {

@@ -2,6 +2,7 @@ package nouveau
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -601,4 +602,34 @@ func (c *Channel) release() error {
 	}
 	d.mu.Unlock()
 	return first
+}
+
+// Seq returns the last fence sequence number the channel emitted.
+func (c *Channel) Seq() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seq
+}
+
+// ResumeFences makes a new channel go on from fence seq, as the channel it
+// replaces (a saved one) stood with all its work done: once the new one's
+// own setup work is done, its next fence is seq+1 and every fence up to
+// seq has passed, so that a user holding fences of the old channel orders
+// the new one's after them.
+func (c *Channel) ResumeFences(seq uint32) error {
+	own, err := c.Fence()
+	if err != nil {
+		return err
+	}
+	if err := c.WaitFence(own); err != nil {
+		return fmt.Errorf("resume fences: the channel's setup: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seq != own || c.unfenced {
+		return errors.New("resume fences of a channel in use")
+	}
+	c.seq = seq
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&c.fence.Bytes[0])), seq)
+	return nil
 }

@@ -100,6 +100,19 @@ func (vm *VM) AllocVA(size, align uint64) (uint64, error) {
 	return va, nil
 }
 
+// ReserveVA reserves size bytes of virtual addresses at va, which must be
+// page-aligned and free (a restored buffer keeps the address its user
+// holds). FreeVA releases them.
+func (vm *VM) ReserveVA(va, size uint64) error {
+	if va%nvc0.PageSize != 0 {
+		return fmt.Errorf("GPU virtual address %#x: not page-aligned", va)
+	}
+	if err := vm.va.Reserve(va, pageRound(size)); err != nil {
+		return fmt.Errorf("GPU virtual addresses at %#x: %w", va, err)
+	}
+	return nil
+}
+
 // FreeVA releases virtual addresses from AllocVA.
 func (vm *VM) FreeVA(va uint64) error { return vm.va.Free(va) }
 
