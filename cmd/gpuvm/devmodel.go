@@ -255,7 +255,8 @@ func attachGuest(ctx context.Context, cfg devmodel.Config) (*heldGuest, error) {
 		}
 	}
 	if config.Mode(cfg.Mode).IsPVDRM() {
-		fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+		fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger,
+			ResumeTimeout: cfg.ResumeTimeout, ResumeSockets: cfg.ResumeSockets})
 		if err != nil {
 			return nil, err
 		}

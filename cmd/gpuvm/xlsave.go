@@ -107,7 +107,8 @@ func xlSaveCommand() *cli.Command {
 			"  3. the domain is destroyed; its device model (gpuvm xl create) ends.\n" +
 			"A failure before the vGPU's image is on disk unpauses the domain — its guest resumes as\n" +
 			"from a cancelled suspend, with its vGPU — and removes FILE. gpuvm xl restore FILE\n" +
-			"brings the domain back, here or on another host. pvdrm domains cannot be saved yet.\n\n" +
+			"brings the domain back, here or on another host. pvdrm domains cannot be saved yet (their\n" +
+			"front end does not resume over Xen's grants and event channels).\n\n" +
 			"Exit status: 0 once the three files are written and the domain is gone; 1 on failure;\n" +
 			"2 for bad arguments.",
 		Flags:  xlDaemonFlags(),
