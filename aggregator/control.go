@@ -110,6 +110,8 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	POST   /v1/vgpus/{id}/save   park a vGPU and stream its state image (save.go);
 //	                             it is destroyed once written (?keep=1: stays parked)
 //	POST   /v1/domains/{domid}/restore  an image for the domain's next device model (restore.go)
+//	POST   /v1/vgpus/{id}/migrate, /migrate-verdict, /v1/domains/{domid}/migrate-in
+//	                             a live migration's two sides (migrate_serve.go)
 //	GET    /v1/layout      how the board is partitioned
 //	GET    /v1/types       the vGPU profiles and how many more of each fit
 //
@@ -145,6 +147,7 @@ func (a *Aggregator) ControlHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/vgpus/{id}/save", a.serveSave)
 	mux.HandleFunc("POST /v1/domains/{domid}/restore", a.serveRestore)
+	a.migrateRoutes(mux) // migrate_serve.go
 	mux.HandleFunc("POST /v1/vgpus/{id}/evict", func(w http.ResponseWriter, r *http.Request) {
 		a.serveEvict(w, r)
 	})
