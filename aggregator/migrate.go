@@ -55,14 +55,15 @@ const (
 
 // MigrateOptions tunes the pre-copy.
 type MigrateOptions struct {
-	// MaxRounds bounds the rounds after round 0; TargetBytes is the
+	// MaxRounds bounds the rounds after round 0 (negative: no pre-copy
+	// at all, a plain stop-and-copy, for comparison); TargetBytes is the
 	// round size at which the pre-copy has converged. Zero: the defaults.
 	MaxRounds   int
 	TargetBytes uint64
 }
 
 func (o MigrateOptions) withDefaults() MigrateOptions {
-	if o.MaxRounds <= 0 {
+	if o.MaxRounds == 0 {
 		o.MaxRounds = DefaultMigrateRounds
 	}
 	if o.TargetBytes == 0 {
@@ -161,7 +162,7 @@ func (a *Aggregator) migrate(ctx context.Context, m *migration, w io.Writer, opt
 
 // precopy sends rounds while the guest runs, until they converge.
 func (a *Aggregator) precopy(ctx context.Context, m *migration, sw *vgpuimage.StreamWriter, opts MigrateOptions, st *MigrateStats) error {
-	for round := 0; ; round++ {
+	for round := 0; opts.MaxRounds >= 0; round++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -181,6 +182,7 @@ func (a *Aggregator) precopy(ctx context.Context, m *migration, sw *vgpuimage.St
 			return nil // not converging: the guest writes as fast as it is sent
 		}
 	}
+	return nil
 }
 
 // round reads every page of v's slot in use and sends those whose content

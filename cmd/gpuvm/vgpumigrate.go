@@ -53,7 +53,7 @@ func vgpuMigrateCommand(ctl cli.Flag) *cli.Command {
 			&cli.PathFlag{Name: "to-control", Usage: "the destination daemon's control socket"},
 			&cli.StringFlag{Name: "ssh", Usage: "a command that runs gpuvm vgpu migrate-receive on the destination, e.g. 'ssh host gpuvm vgpu migrate-receive'"},
 			&cli.UintFlag{Name: "domid", Usage: "the domain whose device model takes it on the destination (default: the vGPU's)"},
-			&cli.IntFlag{Name: "rounds", Usage: "pre-copy rounds after the first, at most (default 8)"},
+			&cli.IntFlag{Name: "rounds", Usage: "pre-copy rounds after the first, at most (default 8; -1: none, a plain stop-and-copy)"},
 			&cli.Uint64Flag{Name: "target", Usage: "bytes a round may send and the pre-copy be done (default 2 MiB)"},
 		},
 		Action: func(c *cli.Context) error {
