@@ -24,6 +24,9 @@ type streamReader struct {
 	h     hash.Hash
 	n     uint64
 	after string
+	// scratch holds one page record's data as it is read, in one read
+	// rather than a read per page (a pipe hands over each read).
+	scratch []byte
 }
 
 func (d *streamReader) full(p []byte) error {
@@ -118,16 +121,10 @@ func CopyStream(dst io.Writer, src io.Reader) (int64, error) {
 // the image. It reads nothing after the end record.
 func ReadStream(r io.Reader, maxVRAM uint64) (*Image, StreamInfo, error) {
 	var info StreamInfo
-	pages := map[uint64][]byte{} // page offset → its data, as last sent
-	scrub := func() {
-		for _, p := range pages {
-			clear(p)
-		}
-		clear(pages)
-	}
+	pages := &pageStore{at: map[uint64]pageLoc{}}
 	m, err := readStream(r, maxVRAM, pages, &info)
 	if err != nil {
-		scrub()
+		pages.scrub()
 		if m != nil {
 			m.Scrub()
 		}
@@ -136,7 +133,7 @@ func ReadStream(r io.Reader, maxVRAM uint64) (*Image, StreamInfo, error) {
 	return m, info, nil
 }
 
-func readStream(r io.Reader, maxVRAM uint64, pages map[uint64][]byte, info *StreamInfo) (*Image, error) {
+func readStream(r io.Reader, maxVRAM uint64, pages *pageStore, info *StreamInfo) (*Image, error) {
 	d := &streamReader{r: r, h: sha256.New()}
 	defer func() { info.Bytes = d.n }()
 	vram, err := d.header()
@@ -190,7 +187,7 @@ func readStream(r io.Reader, maxVRAM uint64, pages map[uint64][]byte, info *Stre
 
 // pages reads a page record's body of n bytes into pages, one page at a
 // time: nothing is allocated beyond one buffer per page of the slot.
-func (d *streamReader) pages(n, vram uint64, pages map[uint64][]byte) error {
+func (d *streamReader) pages(n, vram uint64, pages *pageStore) error {
 	var o [8]byte
 	if n < 8 {
 		return fmt.Errorf("pages record of %d bytes: %w", n, ErrMalformed)
@@ -202,15 +199,16 @@ func (d *streamReader) pages(n, vram uint64, pages map[uint64][]byte) error {
 	if size == 0 || size%PageSize != 0 || off%PageSize != 0 || off >= vram || vram-off < size {
 		return fmt.Errorf("pages [%#x, +%#x): not whole pages inside the slot's %#x bytes of VRAM: %w", off, size, vram, ErrMalformed)
 	}
-	for p := off; p < off+size; p += PageSize {
-		b := pages[p]
-		if b == nil {
-			b = make([]byte, PageSize)
-			pages[p] = b
-		}
-		if err := d.full(b); err != nil {
-			return fmt.Errorf("in a pages record: %w", err)
-		}
+	if d.scratch == nil {
+		d.scratch = make([]byte, MaxPageSection)
+	}
+	data := d.scratch[:size]
+	defer clear(data)
+	if err := d.full(data); err != nil {
+		return fmt.Errorf("in a pages record: %w", err)
+	}
+	for p := uint64(0); p < size; p += PageSize {
+		copy(pages.page(off+p), data[p:p+PageSize])
 	}
 	return nil
 }
@@ -269,30 +267,74 @@ func (d *streamReader) image(n, vram uint64) (*Image, error) {
 	return m, nil
 }
 
-// takePages sets m's pages to the resident ranges' pages, coalesced into
-// sections of at most MaxPageSection bytes, and scrubs every page sent
-// outside them. A resident page that was never sent is refused.
-func (m *Image) takePages(resident []Range, pages map[uint64][]byte) error {
-	for _, r := range resident {
-		for off := r.Off; off < r.Off+r.Len; {
-			n := min(r.Off+r.Len-off, MaxPageSection)
-			data := make([]byte, 0, n)
-			for p := off; p < off+n; p += PageSize {
-				b, ok := pages[p]
-				if !ok {
-					return fmt.Errorf("page %#x is in use but was never sent: %w", p, ErrMalformed)
-				}
-				data = append(data, b...)
-				clear(b)
-				delete(pages, p)
-			}
-			m.Pages = append(m.Pages, Page{Off: off, Data: data})
-			off += n
+// pageStore holds the pages a stream sent, each as last sent, in slabs
+// of MaxPageSection bytes handed out a page at a time: no allocation per
+// page, and pages sent in order of their offsets (round 0) lie in order
+// in the slabs, so that the image's sections are slices of them, not
+// copies. It holds at most one page per page of the slot, and one slab
+// partly used.
+type pageStore struct {
+	slabs [][]byte
+	used  int // bytes handed out of the last slab
+	at    map[uint64]pageLoc
+}
+
+type pageLoc struct{ slab, off int }
+
+// page is the buffer of the page at off, handed out on its first use.
+func (s *pageStore) page(off uint64) []byte {
+	l, ok := s.at[off]
+	if !ok {
+		if len(s.slabs) == 0 || s.used == MaxPageSection {
+			s.slabs = append(s.slabs, make([]byte, MaxPageSection))
+			s.used = 0
 		}
+		l = pageLoc{slab: len(s.slabs) - 1, off: s.used}
+		s.used += PageSize
+		s.at[off] = l
 	}
-	for _, b := range pages {
+	return s.slabs[l.slab][l.off : l.off+PageSize : l.off+PageSize]
+}
+
+// scrub zeroes every page held.
+func (s *pageStore) scrub() {
+	for _, b := range s.slabs {
 		clear(b)
 	}
-	clear(pages)
+	s.slabs = nil
+	clear(s.at)
+}
+
+// takePages sets m's pages to the resident ranges' pages as sections of
+// at most MaxPageSection bytes — each a run of pages that lie in order in
+// one slab — and zeroes every page sent outside them. A resident page
+// that was never sent is refused.
+func (m *Image) takePages(resident []Range, pages *pageStore) error {
+	for _, r := range resident {
+		var sec Page
+		var at pageLoc
+		for p := r.Off; p < r.Off+r.Len; p += PageSize {
+			l, ok := pages.at[p]
+			if !ok {
+				return fmt.Errorf("page %#x is in use but was never sent: %w", p, ErrMalformed)
+			}
+			delete(pages.at, p)
+			if sec.Data != nil && l.slab == at.slab && l.off == at.off+len(sec.Data) && len(sec.Data) < MaxPageSection {
+				sec.Data = pages.slabs[at.slab][at.off : at.off+len(sec.Data)+PageSize : at.off+len(sec.Data)+PageSize]
+				continue
+			}
+			if sec.Data != nil {
+				m.Pages = append(m.Pages, sec)
+			}
+			sec, at = Page{Off: p, Data: pages.slabs[l.slab][l.off : l.off+PageSize : l.off+PageSize]}, l
+		}
+		if sec.Data != nil {
+			m.Pages = append(m.Pages, sec)
+		}
+	}
+	for _, l := range pages.at { // sent, then freed: not the guest's any more
+		clear(pages.slabs[l.slab][l.off : l.off+PageSize])
+	}
+	clear(pages.at)
 	return m.check()
 }

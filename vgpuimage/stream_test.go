@@ -201,3 +201,51 @@ func FuzzReadStream(f *testing.F) {
 		}
 	})
 }
+
+// TestStreamPagesInAnyOrder: pages sent out of order, re-sent, and in
+// runs longer than a section come out as the image's sorted sections
+// holding each page as last sent.
+func TestStreamPagesInAnyOrder(t *testing.T) {
+	m := sample(false)
+	m.Pages = nil
+	const n = 3 * MaxPageSection / PageSize // three sections' worth
+	want := make([]byte, n*PageSize)
+	for i := range want {
+		want[i] = byte(i/PageSize + i)
+	}
+	var b bytes.Buffer
+	w, err := NewStreamWriter(&b, m.Identity.VRAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(page int, data []byte) {
+		if err := w.Pages(uint64(page)*PageSize, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(5, make([]byte, PageSize)) // stale, re-sent below
+	for p := n - 1; p >= n/2; p-- {
+		send(p, want[p*PageSize:(p+1)*PageSize])
+	}
+	send(0, want[:n/2*PageSize])
+	send(5, want[5*PageSize:6*PageSize])
+	if err := errors.Join(w.Resident([]Range{{0, n * PageSize}}), w.Image(m), w.End()); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := ReadStream(&b, 256<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var joined []byte
+	var end uint64
+	for _, p := range got.Pages {
+		if p.Off != end || len(p.Data) > MaxPageSection {
+			t.Fatalf("section at %#x of %d bytes after %#x", p.Off, len(p.Data), end)
+		}
+		end += uint64(len(p.Data))
+		joined = append(joined, p.Data...)
+	}
+	if !bytes.Equal(joined, want) {
+		t.Fatal("the image's pages are not the pages as last sent")
+	}
+}
