@@ -51,6 +51,23 @@ func (a *Aggregator) migrateRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/vgpus/{id}/migrate", a.serveMigrate)
 	mux.HandleFunc("POST /v1/vgpus/{id}/migrate-verdict", a.serveMigrateVerdict)
 	mux.HandleFunc("POST /v1/domains/{domid}/migrate-in", a.serveMigrateIn)
+	mux.HandleFunc("DELETE /v1/domains/{domid}/migrate-in", func(w http.ResponseWriter, r *http.Request) {
+		ServeForgetMigration(w, r, a.ForgetRestore)
+	})
+}
+
+// ServeForgetMigration answers DELETE /v1/domains/{domid}/migrate-in: the
+// image a migration left waiting for the domain is dropped, because the
+// source did not let the vGPU go (its relay says so); a device model that
+// resumes later must not find that stale state. 200, or 400 for a bad id.
+func ServeForgetMigration(w http.ResponseWriter, r *http.Request, forget func(domid uint32)) {
+	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
+		return
+	}
+	forget(uint32(domid))
+	writeJSON(w, http.StatusOK, map[string]uint64{"forgotten": domid})
 }
 
 // serveMigrate answers POST /v1/vgpus/{id}/migrate[?rounds=N&target=BYTES]:

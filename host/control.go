@@ -199,6 +199,13 @@ func (h *Host) domainRoutes(mux *http.ServeMux) {
 	aggregator.DomainSettingsRoutes(mux, h.domainsWaiting, h.SetDomainSettings, h.ForgetDomain)
 	mux.HandleFunc("POST /v1/domains/{domid}/restore", h.serveRestore)      // restore.go
 	mux.HandleFunc("POST /v1/domains/{domid}/migrate-in", h.serveMigrateIn) // migrate.go
+	mux.HandleFunc("DELETE /v1/domains/{domid}/migrate-in", func(w http.ResponseWriter, r *http.Request) {
+		aggregator.ServeForgetMigration(w, r, func(domid uint32) {
+			for _, b := range h.boards {
+				b.Agg.ForgetRestore(domid)
+			}
+		})
+	})
 	mux.HandleFunc("POST /v1/domains/{domid}/pvdrm", h.serveStartXenPVDRM)
 	mux.HandleFunc("DELETE /v1/domains/{domid}/pvdrm", func(w http.ResponseWriter, r *http.Request) {
 		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)

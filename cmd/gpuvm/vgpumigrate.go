@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -97,10 +98,17 @@ func migrate(c *cli.Context, id string) error {
 	token := resp.Header.Get(aggregator.MigrationTokenHeader)
 	var answer string
 	var derr error
+	var finish func(commit bool) error
 	if sock := c.Path("to-control"); sock != "" {
 		answer, derr = migrateToControl(c.Context, sock, uint32(domid), resp.Body)
+		finish = func(commit bool) error {
+			if commit {
+				return nil
+			}
+			return forgetMigration(c.Context, sock, uint32(domid))
+		}
 	} else {
-		answer, derr = migrateThrough(c.Context, c.String("ssh"), uint32(domid), resp.Body)
+		answer, finish, derr = migrateThrough(c.Context, c.String("ssh"), uint32(domid), resp.Body)
 	}
 	verdict := aggregator.MigrateVerdict{OK: derr == nil}
 	if derr != nil {
@@ -109,15 +117,44 @@ func migrate(c *cli.Context, id string) error {
 		resp.Body.Close()
 		verdict.Error = derr.Error()
 	}
-	stats, verr := sendVerdict(c.Context, src, id, token, verdict)
+	stats, refused, verr := sendVerdict(c.Context, src, id, token, verdict)
 	switch {
 	case derr != nil:
 		return &exitError{code: exitFailure, err: fmt.Errorf("migration of vGPU %s: %w (the vGPU stays on the source)", id, derr)}
+	case refused:
+		// The source kept the vGPU: the image waiting on the destination
+		// is stale from now on, and must not be resumed from later.
+		ferr := finish(false)
+		return &exitError{code: exitFailure, err: errors.Join(fmt.Errorf("migration of vGPU %s: the source kept it: %w", id, verr), ferr)}
 	case verr != nil:
-		return &exitError{code: exitFailure, err: fmt.Errorf("migration of vGPU %s: the destination holds it (%s), the source: %w", id, answer, verr)}
+		// Whether the source let it go is not known: the image stays on
+		// the destination, where the device model would resume.
+		_ = finish(true)
+		return &exitError{code: exitFailure, err: fmt.Errorf("migration of vGPU %s: the destination holds it (%s); the source's answer was lost: %w (gpuvm vgpu list on both says where it is)", id, answer, verr)}
+	}
+	if err := finish(true); err != nil {
+		return &exitError{code: exitFailure, err: err}
 	}
 	_, err = c.App.Writer.Write(stats)
 	return err
+}
+
+// forgetMigration drops the image a migration left waiting for domid at
+// the daemon at sock.
+func forgetMigration(ctx context.Context, sock string, domid uint32) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, fmt.Sprintf("http://aggregator/v1/domains/%d/migrate-in", domid), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := streamClient(sock).Do(req)
+	if err != nil {
+		return fmt.Errorf("dropping the destination's image: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("dropping the destination's image: %w", controlRefusal(resp))
+	}
+	return nil
 }
 
 // migrateToControl relays the stream to the daemon at sock for domid and
@@ -148,23 +185,27 @@ func migrateToControl(ctx context.Context, sock string, domid uint32, stream io.
 }
 
 // migrateThrough runs command (sh -c, with " --domid N" appended), writes
-// the stream to its stdin and reads its one-line answer.
-func migrateThrough(ctx context.Context, command string, domid uint32, stream io.Reader) (string, error) {
+// the stream to its stdin and reads its one-line answer. finish then
+// tells it, on its stdin, whether the source let the vGPU go ("commit")
+// or kept it ("abort": it drops the image), and waits for it to end.
+func migrateThrough(ctx context.Context, command string, domid uint32, stream io.Reader) (string, func(commit bool) error, error) {
 	ctx, cancel := context.WithTimeout(ctx, aggregator.MigrateInTimeout)
-	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("%s --domid %d", command, domid))
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return "", err
+		cancel()
+		return "", nil, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", err
+		cancel()
+		return "", nil, err
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("destination command: %w", err)
+		cancel()
+		return "", nil, fmt.Errorf("destination command: %w", err)
 	}
 	lines := make(chan string, 1)
 	go func() {
@@ -174,38 +215,54 @@ func migrateThrough(ctx context.Context, command string, domid uint32, stream io
 	}()
 	_, cerr := vgpuimage.CopyStream(in, stream)
 	line := <-lines
-	in.Close()
-	werr := cmd.Wait()
-	switch {
-	case strings.HasPrefix(line, strings.TrimSpace(migrateOK)) && cerr == nil && werr == nil:
-		return strings.TrimSpace(strings.TrimPrefix(line, strings.TrimSpace(migrateOK))), nil
-	case strings.HasPrefix(line, strings.TrimSpace(migrateError)):
-		return "", fmt.Errorf("the destination command answered: %s", strings.TrimSpace(strings.TrimPrefix(line, strings.TrimSpace(migrateError))))
+	finish := func(commit bool) error {
+		defer cancel()
+		word := "abort\n"
+		if commit {
+			word = "commit\n"
+		}
+		_, _ = io.WriteString(in, word)
+		in.Close()
+		if err := cmd.Wait(); err != nil && !commit {
+			return fmt.Errorf("destination command: %w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		return nil
 	}
-	return "", fmt.Errorf("destination command: answer %q, stream %v, exit %v: %s", line, cerr, werr, strings.TrimSpace(stderr.String()))
+	ok, bad := strings.TrimSpace(migrateOK), strings.TrimSpace(migrateError)
+	switch {
+	case strings.HasPrefix(line, ok) && cerr == nil:
+		return strings.TrimSpace(strings.TrimPrefix(line, ok)), finish, nil
+	case strings.HasPrefix(line, bad):
+		_ = finish(false)
+		return "", nil, fmt.Errorf("the destination command answered: %s", strings.TrimSpace(strings.TrimPrefix(line, bad)))
+	}
+	_ = finish(false)
+	return "", nil, fmt.Errorf("destination command: answer %q, stream %v: %s", line, cerr, strings.TrimSpace(stderr.String()))
 }
 
 // sendVerdict gives the source the destination's answer and returns the
-// migration's statistics.
-func sendVerdict(ctx context.Context, sock, id, token string, v aggregator.MigrateVerdict) ([]byte, error) {
+// migration's statistics; refused says the source answered that the
+// migration did not complete (it kept the vGPU).
+func sendVerdict(ctx context.Context, sock, id, token string, v aggregator.MigrateVerdict) (stats []byte, refused bool, err error) {
 	body, _ := json.Marshal(v)
 	ctx, cancel := context.WithTimeout(ctx, aggregator.MigrateVerdictWait)
 	defer cancel()
 	url := fmt.Sprintf("http://aggregator/v1/vgpus/%s/migrate-verdict?token=%s", id, token)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := streamClient(sock).Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("control API: %w", err)
+		return nil, false, fmt.Errorf("control API: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, controlRefusal(resp)
+		return nil, resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusNotFound, controlRefusal(resp)
 	}
-	return io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	stats, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return stats, false, err
 }
 
 // vgpuMigrateReceiveCommand is gpuvm vgpu migrate-receive --domid N.
@@ -214,7 +271,9 @@ func vgpuMigrateReceiveCommand(ctl cli.Flag) *cli.Command {
 		Description: "Reads one migration stream (docs/protocol.md §14) on stdin, up to its end record, and\n" +
 			"gives it to this host's daemon, which checks all of it as it checks a restored image and\n" +
 			"holds the vGPU for domain N's next device model. Answers one line on stdout: \"ok\" and\n" +
-			"the daemon's JSON, or \"error\" and the reason; the sender destroys its vGPU only on ok.\n\n" +
+			"the daemon's JSON, or \"error\" and the reason; the sender destroys its vGPU only on ok.\n" +
+			"After an ok it reads one more line: \"abort\" (the source kept the vGPU) drops the image;\n" +
+			"\"commit\" or the end of stdin leaves it for the domain's device model.\n\n" +
 			"Exit status: 0 on ok; 1 if the stream was refused; 2 for bad arguments.",
 		Flags: []cli.Flag{ctl, &cli.UintFlag{Name: "domid", Usage: "the domain whose device model takes the vGPU"}},
 		Action: func(c *cli.Context) error {
@@ -230,6 +289,13 @@ func vgpuMigrateReceiveCommand(ctl cli.Flag) *cli.Command {
 				return &exitError{code: exitFailure, err: err}
 			}
 			fmt.Fprintf(c.App.Writer, "%s%s\n", migrateOK, strings.Join(strings.Fields(answer), " "))
+			// The sender says whether the source let the vGPU go. Only an
+			// explicit abort drops the image: a sender gone silent may
+			// have let it go already.
+			word, _ := bufio.NewReader(io.LimitReader(os.Stdin, 64)).ReadString('\n')
+			if strings.TrimSpace(word) == "abort" {
+				return forgetMigration(c.Context, c.Path("control-socket"), uint32(c.Uint("domid")))
+			}
 			return nil
 		}}
 }
