@@ -51,6 +51,11 @@ var ErrMigrating = errors.New("a migration of this vGPU is already under way")
 const (
 	DefaultMigrateRounds = 8
 	DefaultMigrateTarget = 2 << 20
+	// MaxMigrateRounds bounds the rounds whatever is asked: each reads
+	// all VRAM in use.
+	MaxMigrateRounds = 32
+	// MigrateTimeout bounds a whole migration through the control API.
+	MigrateTimeout = 30 * time.Minute
 )
 
 // MigrateOptions tunes the pre-copy.
@@ -66,6 +71,7 @@ func (o MigrateOptions) withDefaults() MigrateOptions {
 	if o.MaxRounds == 0 {
 		o.MaxRounds = DefaultMigrateRounds
 	}
+	o.MaxRounds = min(o.MaxRounds, MaxMigrateRounds)
 	if o.TargetBytes == 0 {
 		o.TargetBytes = DefaultMigrateTarget
 	}

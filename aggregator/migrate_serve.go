@@ -116,8 +116,10 @@ func (a *Aggregator) serveMigrate(w http.ResponseWriter, r *http.Request) {
 			return ctx.Err()
 		}
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), MigrateTimeout)
+	defer cancel()
 	cur, _ := v.where()
-	st, err := cur.migrate(r.Context(), m, w, opts, commit)
+	st, err := cur.migrate(ctx, m, w, opts, commit)
 	m.done <- migrateResult{st: st, err: err}
 	if err != nil {
 		a.log.Warn("migration failed: the vGPU stays here", "vgpu", v.ID, "err", err)
