@@ -112,6 +112,10 @@ type migration struct {
 	token   string
 	verdict chan error
 	done    chan migrateResult
+	// stopping, if set, is called just before the park: the control API
+	// bounds there how long the rest of the stream may take to write, so
+	// that a relay that stops reading cannot keep the vGPU parked.
+	stopping func()
 }
 
 type migrateResult struct {
@@ -131,7 +135,8 @@ var errLeftSlot = errors.New("the vGPU left its slot")
 // sends the rest and calls commit, which says whether the destination
 // took it. On success v is destroyed; on any error it stays attached here
 // (parked, if it got that far: its guest's next access resumes it). ctx
-// bounds the whole migration.
+// bounds the whole migration, but not a write to w: w must fail rather
+// than block for long, since the guest waits while the rest is written.
 func (a *Aggregator) Migrate(ctx context.Context, v *VGPU, w io.Writer, opts MigrateOptions, commit func(context.Context) error) (MigrateStats, error) {
 	m := newMigration(v)
 	if !v.migration.CompareAndSwap(nil, m) {
@@ -292,6 +297,9 @@ func (a *Aggregator) stopAndCopy(ctx context.Context, m *migration, sw *vgpuimag
 	// migration failed (as in Save).
 	v.restoreMu.Lock()
 	defer v.restoreMu.Unlock()
+	if m.stopping != nil {
+		m.stopping()
+	}
 	cur, _ := v.where()
 	park := time.Now()
 	ectx, cancel := context.WithTimeout(ctx, cur.opts.Timeout)

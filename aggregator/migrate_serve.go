@@ -101,6 +101,12 @@ func (a *Aggregator) serveMigrate(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(MigrationTokenHeader, m.token)
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(MigrateTimeout))
+	m.stopping = func() {
+		// From the park on the guest waits: the rest of the stream must
+		// go within the verdict's bound, else the vGPU stays here.
+		_ = rc.SetWriteDeadline(time.Now().Add(MigrateVerdictWait))
+	}
 	commit := func(ctx context.Context) error {
 		if err := rc.Flush(); err != nil {
 			return err
