@@ -112,6 +112,8 @@ func (a *Aggregator) Infos() []VGPUInfo {
 //	POST   /v1/vgpus/{id}/save/commit?token=T  the image is safe: destroy the vGPU
 //	POST   /v1/vgpus/{id}/save/abort?token=T   it is not: the vGPU resumes here
 //	POST   /v1/domains/{domid}/restore  an image for the domain's next device model (restore.go)
+//	POST   /v1/vgpus/{id}/migrate, /migrate-verdict, /v1/domains/{domid}/migrate-in
+//	                             a live migration's two sides (migrate_serve.go)
 //	GET    /v1/layout      how the board is partitioned
 //	GET    /v1/types       the vGPU profiles and how many more of each fit
 //
@@ -149,6 +151,7 @@ func (a *Aggregator) ControlHandler() http.Handler {
 	mux.HandleFunc("POST /v1/vgpus/{id}/save/commit", a.serveSaveEnd(true))
 	mux.HandleFunc("POST /v1/vgpus/{id}/save/abort", a.serveSaveEnd(false))
 	mux.HandleFunc("POST /v1/domains/{domid}/restore", a.serveRestore)
+	a.migrateRoutes(mux) // migrate_serve.go
 	mux.HandleFunc("POST /v1/vgpus/{id}/evict", func(w http.ResponseWriter, r *http.Request) {
 		a.serveEvict(w, r)
 	})

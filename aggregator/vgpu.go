@@ -91,6 +91,9 @@ type VGPU struct {
 	lostWhy atomic.Pointer[string]
 	// rehomeAt is when it last asked for another board (Unix ns).
 	rehomeAt atomic.Int64
+	// migration is its live migration under way (migrate.go), nil when
+	// none: one at a time.
+	migration atomic.Pointer[migration]
 
 	// irq raises the VM's virtual interrupt (irq.go).
 	irq vgpuIRQ

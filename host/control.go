@@ -93,6 +93,8 @@ func (h *Host) SetState(name string, s State) error {
 //	GET    /v1/types                    the profiles and how many more of each fit, all boards
 //	GET|PUT|DELETE /v1/domains[/{domid}] settings for domains not connected yet
 //	POST   /v1/domains/{domid}/restore  a vGPU state image for the domain's next device model
+//	POST   /v1/domains/{domid}/migrate-in  a live migration's stream for the domain (migrate.go)
+//	POST   /v1/vgpus/{id}/migrate[-verdict]  a live migration's source side (forwarded to the board)
 //	POST|DELETE /v1/domains/{domid}/pvdrm  start or stop a Xen domain's pvdrm back end (gpuvm serve --xen)
 func (h *Host) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -195,7 +197,15 @@ func (h *Host) Types() []aggregator.TypeInfo {
 // device model connects, then given to the board it is placed on.
 func (h *Host) domainRoutes(mux *http.ServeMux) {
 	aggregator.DomainSettingsRoutes(mux, h.domainsWaiting, h.SetDomainSettings, h.ForgetDomain)
-	mux.HandleFunc("POST /v1/domains/{domid}/restore", h.serveRestore) // restore.go
+	mux.HandleFunc("POST /v1/domains/{domid}/restore", h.serveRestore)      // restore.go
+	mux.HandleFunc("POST /v1/domains/{domid}/migrate-in", h.serveMigrateIn) // migrate.go
+	mux.HandleFunc("DELETE /v1/domains/{domid}/migrate-in", func(w http.ResponseWriter, r *http.Request) {
+		aggregator.ServeForgetMigration(w, r, func(domid uint32) {
+			for _, b := range h.boards {
+				b.Agg.ForgetRestore(domid)
+			}
+		})
+	})
 	mux.HandleFunc("POST /v1/domains/{domid}/pvdrm", h.serveStartXenPVDRM)
 	mux.HandleFunc("DELETE /v1/domains/{domid}/pvdrm", func(w http.ResponseWriter, r *http.Request) {
 		domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)

@@ -29,7 +29,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "report", "--out", "x", "--runs", "0"}, "--runs 0: want 1..1000"},
 		{[]string{"serve", "now"}, `unexpected argument "now" (see 'gpuvm serve --help')`},
 		{[]string{"devmodel", "--mode"}, "flag needs an argument: -mode"},
-		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, reset, move, evict, save, restore, layout, types)`},
+		{[]string{"vgpu", "frob"}, `unknown command "frob" (commands: list, stats, destroy, reset, move, evict, save, restore, migrate, migrate-receive, layout, types)`},
 		{[]string{"vgpu", "save", "1"}, "want a vGPU id and a file"},
 		{[]string{"vgpu", "save", "x", "f"}, `vGPU id "x": not a number`},
 		{[]string{"vgpu", "restore", "f"}, "name the domain that takes the vGPU: --domid N"},

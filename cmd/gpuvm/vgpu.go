@@ -103,8 +103,10 @@ func vgpuCommand() *cli.Command {
 					"Exit status: 0 once the vGPU is parked; 1 if there is no such vGPU, it cannot be\n" +
 					"evicted, or the eviction failed (the vGPU is then destroyed); 2 for bad arguments.",
 				Flags: []cli.Flag{ctl}, Action: call(http.MethodPost, "/v1/vgpus", true, "/evict")},
-			vgpuSaveCommand(ctl),    // vgpusave.go
-			vgpuRestoreCommand(ctl), // vgpusave.go
+			vgpuSaveCommand(ctl),           // vgpusave.go
+			vgpuRestoreCommand(ctl),        // vgpusave.go
+			vgpuMigrateCommand(ctl),        // vgpumigrate.go
+			vgpuMigrateReceiveCommand(ctl), // vgpumigrate.go
 			{Name: "layout", Usage: "how the board is partitioned (JSON)", Flags: []cli.Flag{ctl}, Action: call(http.MethodGet, "/v1/layout", false)},
 			vgpuTypesCommand(ctl),
 		},

@@ -1,0 +1,81 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/vgpuimage"
+)
+
+// serveMigrateIn answers POST /v1/domains/{domid}/migrate-in on a host of
+// several boards: the body is a live migration's stream (docs/protocol.md
+// §14), read as hostile input bounded by the largest board's slot, and its
+// image waits on the first board whose checks it passes, as a restored
+// image does (RegisterRestore). 200 with an aggregator.MigrateInResult,
+// 400 with the reason when it is refused (nothing registered).
+func (h *Host) serveMigrateIn(w http.ResponseWriter, r *http.Request) {
+	domid, err := strconv.ParseUint(r.PathValue("domid"), 10, 32)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
+		return
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(aggregator.MigrateInTimeout))
+	var maxVRAM uint64
+	for _, b := range h.boards {
+		if s := b.Agg.Layout().Slots; len(s) > 0 {
+			maxVRAM = max(maxVRAM, s[0].VRAM.Size)
+		}
+	}
+	img, info, err := aggregator.ReadWholeStream(r.Body, func(r io.Reader) (*vgpuimage.Image, vgpuimage.StreamInfo, error) {
+		img, info, err := vgpuimage.ReadStream(r, maxVRAM)
+		if err != nil {
+			err = fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
+		}
+		return img, info, err
+	})
+	if err == nil {
+		var ri aggregator.RestoreInfo
+		if ri, err = h.holdImage(uint32(domid), img); err == nil {
+			writeJSON(w, http.StatusOK, aggregator.MigrateInResult{Restore: ri, Bytes: info.Bytes, Records: info.Records})
+			return
+		}
+	}
+	writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+}
+
+// holdImage holds img for domid on the first board whose checks it
+// passes, replacing an image waiting for the domain on any board only once
+// it is taken (as RegisterRestore). It takes img.
+func (h *Host) holdImage(domid uint32, img *vgpuimage.Image) (aggregator.RestoreInfo, error) {
+	var target *Board
+	var errs []error
+	for _, b := range h.boards {
+		if err := b.Agg.CheckImage(domid, img); err != nil {
+			errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
+			continue
+		}
+		target = b
+		break
+	}
+	if target == nil {
+		img.Scrub()
+		return aggregator.RestoreInfo{}, errors.Join(errs...)
+	}
+	h.restoreMu.Lock()
+	defer h.restoreMu.Unlock()
+	for _, b := range h.boards {
+		if b != target {
+			b.Agg.ForgetRestore(domid)
+		}
+	}
+	info, err := target.Agg.HoldImage(domid, img)
+	if err != nil {
+		return info, fmt.Errorf("board %s: %w", target.Name, err)
+	}
+	return info, nil
+}
