@@ -18,7 +18,7 @@ import (
 
 // ReadMigration reads a migration stream from r for a slot of this board
 // and returns its image, checked against the board for domain domid. The
-// caller holds it (HoldImage) or scrubs it.
+// caller holds it (RegisterImage) or scrubs it.
 func (a *Aggregator) ReadMigration(domid uint32, r io.Reader) (*vgpuimage.Image, vgpuimage.StreamInfo, error) {
 	img, info, err := vgpuimage.ReadStream(r, a.slotVRAM())
 	if err != nil {
@@ -29,17 +29,6 @@ func (a *Aggregator) ReadMigration(domid uint32, r io.Reader) (*vgpuimage.Image,
 		return nil, info, err
 	}
 	return img, info, nil
-}
-
-// HoldImage checks img (CheckImage) and holds it for domain domid's next
-// device model, as RegisterRestore holds a decoded image. It takes img:
-// refused, it is scrubbed.
-func (a *Aggregator) HoldImage(domid uint32, img *vgpuimage.Image) (RestoreInfo, error) {
-	if err := a.CheckImage(domid, img); err != nil {
-		img.Scrub()
-		return RestoreInfo{}, err
-	}
-	return a.holdRestore(domid, img)
 }
 
 // slotVRAM is the VRAM of the board's slots: the most a stream may

@@ -189,7 +189,7 @@ func (a *Aggregator) serveMigrateIn(w http.ResponseWriter, r *http.Request) {
 	})
 	if err == nil {
 		var ri RestoreInfo
-		if ri, err = a.HoldImage(uint32(domid), img); err == nil {
+		if ri, err = a.RegisterImage(uint32(domid), img); err == nil {
 			writeJSON(w, http.StatusOK, MigrateInResult{Restore: ri, Bytes: info.Bytes, Records: info.Records})
 			return
 		}

@@ -37,7 +37,7 @@ func migrateVia(t *testing.T, src, dst *Aggregator, v *VGPU, domid uint32, opts 
 		}
 		img, _, err := dst.ReadMigration(domid, in)
 		if err == nil {
-			_, err = dst.HoldImage(domid, img)
+			_, err = dst.RegisterImage(domid, img)
 		}
 		recv <- err
 		_, _ = io.Copy(io.Discard, pr)

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,36 +45,4 @@ func (h *Host) serveMigrateIn(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-}
-
-// holdImage holds img for domid on the first board whose checks it
-// passes, replacing an image waiting for the domain on any board only once
-// it is taken (as RegisterRestore). It takes img.
-func (h *Host) holdImage(domid uint32, img *vgpuimage.Image) (aggregator.RestoreInfo, error) {
-	var target *Board
-	var errs []error
-	for _, b := range h.boards {
-		if err := b.Agg.CheckImage(domid, img); err != nil {
-			errs = append(errs, fmt.Errorf("board %s: %w", b.Name, err))
-			continue
-		}
-		target = b
-		break
-	}
-	if target == nil {
-		img.Scrub()
-		return aggregator.RestoreInfo{}, errors.Join(errs...)
-	}
-	h.restoreMu.Lock()
-	defer h.restoreMu.Unlock()
-	for _, b := range h.boards {
-		if b != target {
-			b.Agg.ForgetRestore(domid)
-		}
-	}
-	info, err := target.Agg.HoldImage(domid, img)
-	if err != nil {
-		return info, fmt.Errorf("board %s: %w", target.Name, err)
-	}
-	return info, nil
 }

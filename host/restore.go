@@ -53,6 +53,13 @@ func (h *Host) RegisterRestore(domid uint32, r io.Reader) (aggregator.RestoreInf
 	if err != nil {
 		return aggregator.RestoreInfo{}, fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
 	}
+	return h.holdImage(domid, img)
+}
+
+// holdImage holds img for domid on the first board whose checks it
+// passes, replacing an image waiting for the domain on any board only once
+// it is taken (gpuvm vgpu restore, or an incoming migration). It takes img.
+func (h *Host) holdImage(domid uint32, img *vgpuimage.Image) (aggregator.RestoreInfo, error) {
 	var target *Board
 	var errs []error
 	for _, b := range h.boards {
