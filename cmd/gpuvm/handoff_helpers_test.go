@@ -153,22 +153,7 @@ func (vm *loopVM) finish(t *testing.T, resumed bool) string {
 	case <-time.After(5 * time.Minute): // a hang guard only
 		t.Fatalf("VM %s did not finish:\n%s", vm.name, vm.logs.String())
 	}
-	var results []struct {
-		Workload string `json:"workload"`
-		Verified bool   `json:"verified"`
-		Error    string `json:"error"`
-	}
-	if err := json.Unmarshal(vm.out.Bytes(), &results); err != nil {
-		t.Fatalf("VM %s's output is not JSON: %v\n%s", vm.name, err, vm.out.String())
-	}
-	if len(results) != 2*vm.pairs {
-		t.Errorf("VM %s: %d results, want %d", vm.name, len(results), 2*vm.pairs)
-	}
-	for i, r := range results {
-		if !r.Verified {
-			t.Errorf("VM %s: result %d (%s) did not verify: %s", vm.name, i, r.Workload, r.Error)
-		}
-	}
+	checkVerified(t, "VM "+vm.name, vm.out.Bytes(), 2*vm.pairs)
 	m := regexp.MustCompile(`resumed on the restored vGPU.* pause=(\S+)`).FindStringSubmatch(vm.logs.String())
 	if !resumed {
 		if m != nil {
@@ -298,5 +283,27 @@ func usr2(t *testing.T, cmd *exec.Cmd) {
 	t.Helper()
 	if err := cmd.Process.Signal(syscall.SIGUSR2); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkVerified fails t unless out, a VM's JSON results, holds want
+// results, each verified. who names the VM in the messages.
+func checkVerified(t *testing.T, who string, out []byte, want int) {
+	t.Helper()
+	var results []struct {
+		Workload string `json:"workload"`
+		Verified bool   `json:"verified"`
+		Error    string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &results); err != nil {
+		t.Fatalf("%s's output is not JSON: %v\n%s", who, err, out)
+	}
+	if len(results) != want {
+		t.Errorf("%s: %d results, want %d", who, len(results), want)
+	}
+	for i, r := range results {
+		if !r.Verified {
+			t.Errorf("%s: result %d (%s) did not verify: %s", who, i, r.Workload, r.Error)
+		}
 	}
 }

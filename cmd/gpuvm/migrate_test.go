@@ -140,22 +140,8 @@ func TestMigrateAcrossDaemons(t *testing.T) {
 		t.Fatalf("the VM failed after its migration: %v\n%s\n%s", err, vmOut.String(), vmErr.String())
 	}
 	exited <- nil
-	var results []struct {
-		Workload string `json:"workload"`
-		Verified bool   `json:"verified"`
-		Error    string `json:"error"`
-	}
-	if err := json.Unmarshal(vmOut.Bytes(), &results); err != nil {
-		t.Fatalf("the VM's output is not JSON: %v\n%s", err, vmOut.String())
-	}
-	if len(results) != 2*pairs {
-		t.Fatalf("%d results, want %d", len(results), 2*pairs)
-	}
-	for i, r := range results {
-		if !r.Verified {
-			t.Errorf("result %d (%s) did not verify: %s", i, r.Workload, r.Error)
-		}
-	}
+	checkVerified(t, "the VM", vmOut.Bytes(), 2*pairs)
+
 	resumed := regexp.MustCompile(`resumed on the restored vGPU.* pause=(\S+)`).FindAllStringSubmatch(vmErr.String(), -1)
 	if len(resumed) != 2 {
 		t.Fatalf("the device model said it resumed %d times, want 2:\n%s", len(resumed), vmErr.String())

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -178,22 +177,8 @@ waitB:
 		t.Fatalf("the VM failed after its restore: %v\n%s\n%s", err, vmOut.String(), vmErr.String())
 	}
 	exited <- nil
-	var results []struct {
-		Workload string `json:"workload"`
-		Verified bool   `json:"verified"`
-		Error    string `json:"error"`
-	}
-	if err := json.Unmarshal(vmOut.Bytes(), &results); err != nil {
-		t.Fatalf("the VM's output is not JSON: %v\n%s", err, vmOut.String())
-	}
-	if len(results) != 2*pairs {
-		t.Fatalf("%d results, want %d", len(results), 2*pairs)
-	}
-	for i, r := range results {
-		if !r.Verified {
-			t.Errorf("result %d (%s) did not verify: %s", i, r.Workload, r.Error)
-		}
-	}
+	checkVerified(t, "the VM", vmOut.Bytes(), 2*pairs)
+
 	if m := regexp.MustCompile(`resumed on the restored vGPU.* pause=(\S+)`).FindStringSubmatch(vmErr.String()); m == nil {
 		t.Errorf("the device model did not say it resumed:\n%s", vmErr.String())
 	} else {
