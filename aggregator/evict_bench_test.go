@@ -19,18 +19,7 @@ import (
 func BenchmarkEvictRestore(b *testing.B) {
 	for _, mib := range []int{4, 16, 64} {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
-			cfg := sim.DefaultConfig()
-			cfg.VRAMSize, cfg.MemPartitions, cfg.Timing = 1<<30, 4, sim.TimingFermi()
-			board, err := sim.New(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { board.Close() })
-			a, err := New(board, Options{MaxVMs: 2, Partition: testPartition(), Channels: cfg.Channels, Overcommit: 2})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { a.Close() })
+			a := fermiAggregator(b, Options{MaxVMs: 2, Overcommit: 2})
 			g := startGuest(b, a, "parked", "fv-optimized")
 			ctx, p, data := guestData(b, g, mib)
 			var evict, restore time.Duration
@@ -54,7 +43,7 @@ func BenchmarkEvictRestore(b *testing.B) {
 			b.ReportMetric(inUse, "MiB-in-use")
 			b.ReportMetric(float64(evict.Microseconds())/float64(b.N)/inUse, "evict-µs/MiB")
 			b.ReportMetric(float64(restore.Microseconds())/float64(b.N)/inUse, "restore-µs/MiB")
-			b.ReportMetric(float64(1<<20)/cfg.Timing.DMABytesPerSec*1e6, "dma-bound-µs/MiB")
+			b.ReportMetric(float64(1<<20)/sim.TimingFermi().DMABytesPerSec*1e6, "dma-bound-µs/MiB")
 			checkGuestData(b, ctx, p, data, "evictions")
 		})
 	}

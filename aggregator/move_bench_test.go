@@ -23,19 +23,7 @@ func BenchmarkMove(b *testing.B) {
 			reg := NewRegistry()
 			var aggs [2]*Aggregator
 			for i := range aggs {
-				cfg := sim.DefaultConfig()
-				cfg.VRAMSize, cfg.MemPartitions, cfg.Timing = 1<<30, 4, sim.TimingFermi()
-				board, err := sim.New(cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { board.Close() })
-				a, err := New(board, Options{MaxVMs: 2, Partition: testPartition(), Channels: cfg.Channels, Registry: reg, Board: i, BoardName: fmt.Sprint("b", i)})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { a.Close() })
-				aggs[i] = a
+				aggs[i] = fermiAggregator(b, Options{MaxVMs: 2, Registry: reg, Board: i, BoardName: fmt.Sprint("b", i)})
 			}
 			g := startGuest(b, aggs[0], "mover", "fv-optimized")
 			ctx, p, data := guestData(b, g, mib)
@@ -98,4 +86,25 @@ func checkGuestData(b *testing.B, ctx *gdev.Context, p gdev.DevPtr, data []byte,
 			b.Fatalf("byte %d of the guest's data changed across the %s", i, what)
 		}
 	}
+}
+
+// fermiAggregator is an aggregator over a 1 GiB board of the fermi timing
+// profile with the test partition, opts supplying the rest; both are
+// closed when b ends.
+func fermiAggregator(b *testing.B, opts Options) *Aggregator {
+	b.Helper()
+	cfg := sim.DefaultConfig()
+	cfg.VRAMSize, cfg.MemPartitions, cfg.Timing = 1<<30, 4, sim.TimingFermi()
+	board, err := sim.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { board.Close() })
+	opts.Partition, opts.Channels = testPartition(), cfg.Channels
+	a, err := New(board, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	return a
 }

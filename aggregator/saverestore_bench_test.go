@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/gpuvm/gpuvm/gpu/sim"
 )
 
 // BenchmarkSaveRestore saves a vGPU holding MiB of its own data to an
@@ -24,22 +22,7 @@ import (
 func BenchmarkSaveRestore(b *testing.B) {
 	for _, mib := range []int{4, 16, 64} {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
-			var aggs [2]*Aggregator
-			for i := range aggs {
-				cfg := sim.DefaultConfig()
-				cfg.VRAMSize, cfg.MemPartitions, cfg.Timing = 1<<30, 4, sim.TimingFermi()
-				board, err := sim.New(cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { board.Close() })
-				a, err := New(board, Options{MaxVMs: 2, Partition: testPartition(), Channels: cfg.Channels})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { a.Close() })
-				aggs[i] = a
-			}
+			aggs := [2]*Aggregator{fermiAggregator(b, Options{MaxVMs: 2}), fermiAggregator(b, Options{MaxVMs: 2})}
 			s := startSavable(b, aggs[0], 5, "saved", "fv-optimized")
 			ctx, p, data := guestData(b, s.guestVM, mib)
 			var save, pause, restore time.Duration
