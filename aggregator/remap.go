@@ -97,13 +97,22 @@ func (r *remapTable) close() error {
 	return err
 }
 
-// RemapFile returns the shared remap table to pass to the device model, or
-// nil when the vGPU does not remap.
-func (v *VGPU) RemapFile() *os.File {
+// remapFileDup is a descriptor of its own on the remap table's file, for
+// the Welcome; nil when the vGPU has no table (or no longer has one). It is
+// taken under v.mu, which a teardown takes to let go of the table before
+// it closes it, so a vGPU destroyed during its handshake (a save, a
+// control API destroy) never has a closed — or reused — descriptor sent.
+func (v *VGPU) remapFileDup() (*os.File, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	if v.remap == nil {
-		return nil
+		return nil, nil
 	}
-	return v.remap.file
+	fd, err := unix.FcntlInt(v.remap.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("remap table: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "gpuvm-remap"), nil
 }
 
 // updateRemap recomputes which aperture pages may be passed through: those

@@ -154,7 +154,15 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 		w.Params[ipc.ParamTiming] = a.opts.Timing
 	}
 	var extra []*os.File
-	if v.remap != nil {
+	table, err := v.remapFileDup()
+	if err != nil {
+		log.Error("remap unavailable", "err", err)
+		_ = p.Reject("internal error: " + err.Error())
+		_ = a.Detach(v)
+		return
+	}
+	if table != nil {
+		defer table.Close()
 		// The whole slot's segment: with a VRAM quota the guest's slice is
 		// its first VRAMSize bytes, which is what the device model maps;
 		// the rest of the slot belongs to no one else.
@@ -169,7 +177,7 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 		w.Params[ipc.ParamRemap] = "1"
 		w.Params[ipc.ParamMMIOReadNs] = strconv.FormatInt(a.opts.BusReadNs, 10)
 		w.Params[ipc.ParamMMIOWriteNs] = strconv.FormatInt(a.opts.BusWriteNs, 10)
-		extra = []*os.File{v.RemapFile(), slice}
+		extra = []*os.File{table, slice}
 	}
 	conn, err := p.Accept(w, extra)
 	if err != nil {
