@@ -31,7 +31,7 @@ func streamClient(path string) *http.Client {
 
 // vgpuSaveCommand is gpuvm vgpu save ID FILE.
 func vgpuSaveCommand(ctl cli.Flag) *cli.Command {
-	return &cli.Command{Name: "save", Usage: "save a vGPU's state to an image file; the vGPU is destroyed once it is written", ArgsUsage: "ID FILE",
+	return &cli.Command{Name: "save", Usage: "save a vGPU's state to an image file; the vGPU is destroyed once the image is on disk", ArgsUsage: "ID FILE",
 		Description: "Parks vGPU ID at a submission boundary (as gpuvm vgpu evict does: its work in flight\n" +
 			"ends, its channels stop with their state saved, its VRAM in use is copied off the board)\n" +
 			"and writes its state image (docs/protocol.md §13) to FILE: registers, channels, PV tables,\n" +
