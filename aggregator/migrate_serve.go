@@ -183,6 +183,14 @@ func (a *Aggregator) serveMigrateIn(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "domain id: " + err.Error()})
 		return
 	}
+	// An incoming stream holds up to a slot's VRAM: it is one of the
+	// daemon's image transfers, as a restore is.
+	done, ok := a.reg.TryImageTransfer()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": ErrTransfersBusy.Error()})
+		return
+	}
+	defer done()
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(MigrateInTimeout))
 	img, info, err := ReadWholeStream(r.Body, func(r io.Reader) (*vgpuimage.Image, vgpuimage.StreamInfo, error) {
 		return a.ReadMigration(uint32(domid), r)
