@@ -2,6 +2,10 @@ package vgpuimage
 
 import "fmt"
 
+// Check applies the format's bounds to m, as Encode and Decode do: for an
+// image put together in memory (its pages read from elsewhere).
+func (m *Image) Check() error { return m.check() }
+
 // check applies the format's bounds (docs/protocol.md §13.4) to m: what
 // Encode refuses to write and Decode refuses to return. It says nothing
 // about what the values mean on a board.

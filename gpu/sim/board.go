@@ -3,9 +3,12 @@ package sim
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/gpu/errreport"
@@ -112,11 +115,42 @@ type Board struct {
 var _ gpu.MMIO = (*Board)(nil)
 
 // New creates a board.
-func New(cfg Config) (*Board, error) {
+func New(cfg Config) (*Board, error) { return newBoard(cfg, nil) }
+
+// NewOver creates a board whose VRAM is the memfds another board's
+// VRAMSegmentFiles handed over — one per segment of cfg, in order, each
+// exactly its segment's size and sealed against resizing — as a GPU's
+// memory outlives the driver that let go of it (a daemon handing its
+// boards to the process that replaces it). Their contents are the new
+// board's VRAM as they are: renew or scrub what no tenant carries over.
+// It takes duplicates of the files' descriptors; the caller closes files.
+// Registers, channels and engines start afresh.
+func NewOver(cfg Config, files []*os.File) (*Board, error) {
+	fds := make([]int, 0, len(files))
+	for _, f := range files {
+		fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, d := range fds {
+				unix.Close(d)
+			}
+			return nil, fmt.Errorf("sim: new board over %s: %w", f.Name(), err)
+		}
+		fds = append(fds, fd)
+	}
+	if fds == nil {
+		fds = []int{}
+	}
+	return newBoard(cfg, fds)
+}
+
+func newBoard(cfg Config, fds []int) (*Board, error) {
 	if err := cfg.validate(); err != nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
 		return nil, err
 	}
-	v, err := newVRAM(cfg.VRAMSize, cfg.VRAMSegments)
+	v, err := newVRAM(cfg.VRAMSize, cfg.VRAMSegments, fds)
 	if err != nil {
 		return nil, fmt.Errorf("sim: new board: %w", err)
 	}

@@ -33,8 +33,18 @@ type segment struct {
 }
 
 // newVRAM maps size bytes of VRAM made of segments of the given sizes (one
-// segment of the whole size when sizes is empty).
-func newVRAM(size uint64, sizes []uint64) (v *vram, err error) {
+// segment of the whole size when sizes is empty): new memfds, or — fds
+// not nil, one per segment — memfds another board left (NewOver), which
+// the vram then owns.
+func newVRAM(size uint64, sizes []uint64, fds []int) (v *vram, err error) {
+	adopted := 0 // fds[:adopted] belong to v's segments
+	defer func() {
+		if err != nil {
+			for _, fd := range fds[min(adopted, len(fds)):] {
+				unix.Close(fd)
+			}
+		}
+	}()
 	if len(sizes) == 0 {
 		sizes = []uint64{size}
 	}
@@ -53,6 +63,10 @@ func newVRAM(size uint64, sizes []uint64) (v *vram, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("vram reserve %d: %w", size, err)
 	}
+	if fds != nil && len(fds) != len(sizes) {
+		_ = unix.Munmap(mem)
+		return nil, fmt.Errorf("vram of %d segments over %d memfds", len(sizes), len(fds))
+	}
 	v = &vram{mem: mem}
 	defer func() {
 		if err != nil {
@@ -60,8 +74,15 @@ func newVRAM(size uint64, sizes []uint64) (v *vram, err error) {
 		}
 	}()
 	var base uint64
-	for _, n := range sizes {
-		fd, err := v.mapSegment(base, n)
+	for i, n := range sizes {
+		var fd int
+		var err error
+		if fds == nil {
+			fd, err = v.mapSegment(base, n)
+		} else {
+			adopted++ // adoptSegment owns it, also on error
+			fd, err = v.adoptSegment(base, n, fds[i])
+		}
 		if err != nil {
 			return v, err
 		}
@@ -94,6 +115,38 @@ func (v *vram) mapSegment(base, n uint64) (int, error) {
 	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0); errno != 0 {
 		return fail(fmt.Errorf("vram mmap segment %#x+%#x: %w", base, n, errno))
+	}
+	return fd, nil
+}
+
+// adoptSegment maps fd, a memfd another board backed a segment with, over
+// [base, base+n) of the VRAM view. It must be exactly n bytes and sealed as
+// mapSegment seals it (no one can shrink it under the board). The vram
+// owns it from here, also on error.
+func (v *vram) adoptSegment(base, n uint64, fd int) (int, error) {
+	fail := func(err error) (int, error) {
+		unix.Close(fd)
+		return -1, fmt.Errorf("vram segment %#x+%#x over memfd %d: %w", base, n, fd, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail(err)
+	}
+	if uint64(st.Size) != n {
+		return fail(fmt.Errorf("the memfd is %d bytes", st.Size))
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fail(fmt.Errorf("not a memfd: %w", err))
+	}
+	if want := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW; seals&want != want {
+		return fail(fmt.Errorf("seals %#x: want shrink and grow sealed", seals))
+	}
+	unix.CloseOnExec(fd)
+	addr := uintptr(unsafe.Pointer(&v.mem[base]))
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_SHARED|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0); errno != 0 {
+		return fail(fmt.Errorf("mmap: %w", errno))
 	}
 	return fd, nil
 }
@@ -159,6 +212,26 @@ func (b *Board) VRAMSegmentFile(base, size uint64) (*os.File, error) {
 		return nil, fmt.Errorf("sim: VRAM segment: %w", err)
 	}
 	return os.NewFile(uintptr(fd), "gpuvm-vram-segment"), nil
+}
+
+// VRAMSegmentFiles returns a new *os.File on each VRAM segment's memfd,
+// in order (Config.VRAMSegments; one when VRAM is not split): what a board
+// built over them (NewOver) takes as its VRAM. The caller closes them.
+func (b *Board) VRAMSegmentFiles() ([]*os.File, error) {
+	b.vram.mu.Lock()
+	defer b.vram.mu.Unlock()
+	out := make([]*os.File, 0, len(b.vram.segs))
+	for _, s := range b.vram.segs {
+		fd, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range out {
+				f.Close()
+			}
+			return nil, fmt.Errorf("sim: VRAM segment %#x: %w", s.base, err)
+		}
+		out = append(out, os.NewFile(uintptr(fd), fmt.Sprintf("gpuvm-vram-%#x", s.base)))
+	}
+	return out, nil
 }
 
 // RenewVRAMSegment gives the segment [base, base+size) fresh, zeroed
