@@ -125,8 +125,9 @@ type Aggregator struct {
 	stopped      chan struct{}
 
 	mu     sync.Mutex
-	vgpus  []*VGPU        // by slot; nil = free
-	broken map[int]string // slots out of service (a channel that would not stop), with the reason
+	vgpus  []*VGPU          // by slot; nil = free
+	broken map[int]string   // slots out of service (a channel that would not stop), with the reason
+	kept   map[int]keptSlot // slots whose VRAM a handed-off vGPU left in place (keep.go)
 	// domains holds settings a toolstack registered for domains whose
 	// device models have not connected yet (domains.go).
 	domains map[uint32]DomainSettings
@@ -173,7 +174,7 @@ func New(g HostGPU, opts Options) (*Aggregator, error) {
 		opts.PollInterval = 50 * time.Microsecond
 	}
 	a := &Aggregator{gpu: g, layout: layout, phys: phys, log: opts.Logger, shadowBudget: budget, reg: opts.Registry,
-		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, domains: map[uint32]DomainSettings{}, parked: map[int]*VGPU{},
+		regs: newRegTable(), opts: opts, vgpus: make([]*VGPU, len(layout.Slots)), broken: map[int]string{}, kept: map[int]keptSlot{}, domains: map[uint32]DomainSettings{}, parked: map[int]*VGPU{},
 		restores: map[uint32]*pendingRestore{}, stopped: make(chan struct{})}
 	a.faults = newPhysFaults(g, opts.Logger)
 	a.fecs = fecsCommands()
@@ -254,7 +255,7 @@ func (a *Aggregator) attachWith(g Guest, mapRAM func() ([]byte, func() error, er
 	a.mu.Lock()
 	slot := -1
 	for i, v := range a.vgpus {
-		if _, broken := a.broken[i]; v == nil && !broken {
+		if v == nil && a.slotFree(i) {
 			slot = i
 			break
 		}

@@ -61,6 +61,9 @@ type evictImage struct {
 	pv    *pvImage // a PV vGPU's tables and apertures (pvmove.go)
 	pages []imagePage
 	bytes uint64
+	// kept: its VRAM was not copied out — it is in the slot it left
+	// (homeSlot), kept for it (keep.go), and only that slot can restore it.
+	kept bool
 }
 
 // imagePage is one resident range of an evicted slot.
@@ -79,7 +82,7 @@ func (m *evictImage) scrub() {
 		clear(c)
 	}
 	m.pv.scrub()
-	m.pages, m.chans, m.pv, m.bytes = nil, nil, nil, 0
+	m.pages, m.chans, m.pv, m.bytes, m.kept = nil, nil, nil, 0, false
 }
 
 // EvictStats describes one eviction or restore.
@@ -104,6 +107,12 @@ func (v *VGPU) touch() { v.active.Store(time.Now().UnixNano()) }
 // the wait for its work in flight; an eviction that times out there changes
 // nothing. Evicting a parked vGPU does nothing.
 func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictStats, error) {
+	return a.evictVGPU(ctx, v, reason, false)
+}
+
+// evictVGPU is Evict; with keep, the vGPU's VRAM stays in its slot, which
+// is kept for it instead of renewed and freed (keep.go).
+func (a *Aggregator) evictVGPU(ctx context.Context, v *VGPU, reason string, keep bool) (EvictStats, error) {
 	st := EvictStats{Board: a.opts.BoardName, Slot: -1}
 	if err := canMove(a, a); err != nil {
 		return st, fmt.Errorf("evict vGPU %d: %w", v.ID, err)
@@ -155,7 +164,7 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 		return st, fmt.Errorf("evict vGPU %d: waiting for its work in flight: %w", v.ID, err)
 	}
 	st.Slot = v.Slot.Index
-	pending, failed, err := v.evict(a, &st)
+	pending, failed, err := v.evict(a, &st, keep)
 	if failed == "" {
 		v.ctr.evictions.Add(1)
 		v.ctr.evictedBytes.Add(st.Bytes)
@@ -167,7 +176,11 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 		parked = true
 		log := v.log // a restore may set it once mu is let go
 		v.mu.Unlock()
-		a.releaseMoved(v, st.Slot, a)
+		if keep {
+			a.keepSlot(v, st.Slot)
+		} else {
+			a.releaseMoved(v, st.Slot, a)
+		}
 		if pending {
 			// Its guest waits for work the eviction held back: wake its
 			// fence sleeps — a pvdrm back end's CPU_PREP waiters too —
@@ -194,7 +207,7 @@ func (a *Aggregator) Evict(ctx context.Context, v *VGPU, reason string) (EvictSt
 // evict does the work of Evict with v.mu held and v off a's dispatcher. It
 // returns "" on success, else what failed (v must then be destroyed), and
 // whether the guest had work queued that the eviction held back.
-func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string, err error) {
+func (v *VGPU) evict(a *Aggregator, st *EvictStats, keep bool) (pending bool, failed string, err error) {
 	from := a.layout.Slots[v.Slot.Index]
 	imgs, chans, failed, err := v.stopSaving(a)
 	if failed != "" {
@@ -211,10 +224,12 @@ func (v *VGPU) evict(a *Aggregator, st *EvictStats) (pending bool, failed string
 		pv.scrub()
 		return pending, failed, err
 	}
-	img := &evictImage{chans: imgs, pv: pv}
+	img := &evictImage{chans: imgs, pv: pv, kept: keep}
 	// Its own VRAM only: a quota narrows the slot's (the guest sees
 	// [0, v.Slot.VRAM.Size)), and nothing of it lies past that.
-	if err := exportSlot(a, Region{Base: from.VRAM.Base, Size: v.Slot.VRAM.Size}, img); err != nil {
+	if keep {
+		// Left where it is, in the slot kept for it.
+	} else if err := exportSlot(a, Region{Base: from.VRAM.Base, Size: v.Slot.VRAM.Size}, img); err != nil {
 		img.scrub()
 		return pending, "copying its VRAM out", err
 	}
@@ -285,7 +300,7 @@ func (v *VGPU) ensureResident() error {
 		return fmt.Errorf("restore vGPU %d: board %s lost (%s): %w", v.ID, a.opts.BoardName, why, ErrDeviceLost)
 	}
 	t0 := time.Now()
-	to, err := a.roomFor(context.Background(), v, v.homeSlot)
+	to, err := a.slotForRestore(v, func() (Slot, error) { return a.roomFor(context.Background(), v, v.homeSlot) })
 	v.ctr.restoreWaitNs.Add(uint64(time.Since(t0)))
 	if err != nil {
 		return fmt.Errorf("restore vGPU %d: %w", v.ID, err)
@@ -344,6 +359,8 @@ func (v *VGPU) restoreOn(dst *Aggregator, to Slot) (EvictStats, error) {
 		delete(src.parked, v.ID)
 		src.mu.Unlock()
 		v.evicted.Store(false)
+	} else if v.image != nil && v.image.kept && dst == src && to.Index == v.homeSlot {
+		dst.unclaimKept(v, to.Index) // its teardown renews it
 	} else {
 		dst.freeHeld(to.Index)
 	}
@@ -357,6 +374,9 @@ func (v *VGPU) restoreOn(dst *Aggregator, to Slot) (EvictStats, error) {
 // copied into the slot, the vGPU rebuilt and back on dst's dispatcher.
 func (v *VGPU) restore(src, dst *Aggregator, to Slot, st *EvictStats) (failed string, err error) {
 	img := v.image
+	if img.kept && (dst != src || to.Index != v.homeSlot) {
+		return "restoring it", fmt.Errorf("its VRAM is kept in slot %d of board %s, not slot %d of board %s", v.homeSlot, src.opts.BoardName, to.Index, dst.opts.BoardName)
+	}
 	if v.ramBase, err = dst.gpu.RegisterSystemMemory(v.ram); err != nil {
 		v.ramBase = 0
 		return "registering its RAM with the board", err
@@ -413,6 +433,10 @@ func (v *VGPU) rebindParked() {
 // Called with v.mu held.
 func (v *VGPU) dropImage() {
 	if v.image != nil {
+		if v.image.kept {
+			// Its VRAM goes with it: the slot kept for it is renewed.
+			v.agg.releaseKept(v.homeSlot, v.Guest.DomID)
+		}
 		v.image.scrub()
 		v.image = nil
 	}
@@ -582,6 +606,9 @@ func (a *Aggregator) overcommitBudget() (budget float64, held uint64) {
 	for _, u := range a.parked {
 		held += u.Slot.VRAM.Size
 	}
+	for _, k := range a.kept {
+		held += k.vram // its vGPU comes back into it
+	}
 	return max(a.opts.Overcommit, 1) * float64(total), held
 }
 
@@ -639,7 +666,7 @@ func (a *Aggregator) Room() int {
 	defer a.mu.Unlock()
 	free := 0
 	for i, u := range a.vgpus {
-		if _, broken := a.broken[i]; u == nil && !broken {
+		if u == nil && a.slotFree(i) {
 			free++
 		}
 	}
@@ -737,6 +764,9 @@ func (a *Aggregator) handOver(v *VGPU, dst *Aggregator) error {
 	defer v.mu.Unlock()
 	if v.dead || v.image == nil || v.agg != a {
 		return fmt.Errorf("vGPU %d is no longer parked on board %s: %w", v.ID, a.opts.BoardName, ErrDetached)
+	}
+	if v.image.kept {
+		return fmt.Errorf("vGPU %d: its VRAM is kept in slot %d of board %s: %w", v.ID, v.homeSlot, a.opts.BoardName, ErrMoveUnsupported)
 	}
 	a.mu.Lock()
 	delete(a.parked, v.ID)

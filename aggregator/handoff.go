@@ -48,16 +48,21 @@ type HandoffHold struct {
 	// Stats describe the save: the VRAM in the image, the eviction's
 	// pause, the whole hold.
 	Stats SaveStats
+	// Kept is the slot that keeps the vGPU's VRAM, which the image does
+	// not carry (keep.go); -1: the image carries it.
+	Kept int
 }
 
 // VGPU is the vGPU held.
 func (h *HandoffHold) VGPU() *VGPU { return h.v }
 
 // Hold parks v and writes its state image to w, holding back every
-// restore of it until Commit or Release. ctx bounds the wait for its work
-// in flight. On error nothing is held: v goes on here (parked, if the
+// restore of it until Commit or Release. With keepVRAM, its VRAM stays in
+// its slot, kept for it, and the image carries none (keep.go): for a new
+// process that takes the board's memory over. ctx bounds the wait for its
+// work in flight. On error nothing is held: v goes on here (parked, if the
 // eviction happened; its next access brings it back).
-func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer) (*HandoffHold, error) {
+func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bool) (*HandoffHold, error) {
 	start := time.Now()
 	if why := HandoffBlocker(v); why != "" {
 		return nil, fmt.Errorf("hand off: %s: %w", why, ErrSaveUnsupported)
@@ -70,10 +75,16 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer) (*HandoffHo
 		}
 	}()
 	cur, _ := v.where()
-	ev, err := cur.Evict(ctx, v, "handing it to a new daemon process")
+	ev, err := cur.evictVGPU(ctx, v, "handing it to a new daemon process", keepVRAM)
 	if err != nil {
 		return nil, fmt.Errorf("hand off: %w", err)
 	}
+	kept := -1
+	v.mu.Lock()
+	if v.image != nil && v.image.kept {
+		kept = v.homeSlot
+	}
+	v.mu.Unlock()
 	img, err := v.capture()
 	if err != nil {
 		return nil, fmt.Errorf("hand off vGPU %d: %w", v.ID, err)
@@ -83,7 +94,7 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer) (*HandoffHo
 		return nil, fmt.Errorf("hand off vGPU %d: writing the image: %w", v.ID, err)
 	}
 	held = true
-	return &HandoffHold{v: v, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
+	return &HandoffHold{v: v, Kept: kept, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
 }
 
 // handoffByeWait bounds Commit's wait for the Bye to be written.
@@ -100,7 +111,15 @@ func (h *HandoffHold) Commit() error {
 	}
 	h.done = true
 	cur, _ := h.v.where()
-	h.v.logger().Info("vGPU handed off", "bytes", h.Stats.Bytes, "pause", h.Stats.Pause, "took", h.Stats.Took)
+	h.v.mu.Lock()
+	if h.v.image != nil && h.v.image.kept {
+		// The slot stays kept, its VRAM the handoff's now: the vGPU's
+		// teardown leaves it (the new process restores into it, or this
+		// one if the exec fails).
+		h.v.image.kept = false
+	}
+	h.v.mu.Unlock()
+	h.v.logger().Info("vGPU handed off", "bytes", h.Stats.Bytes, "vram_kept_in_slot", h.Kept, "pause", h.Stats.Pause, "took", h.Stats.Took)
 	err := cur.Destroy(h.v, HandoffReason)
 	// The access its guest made meanwhile waits for this lock; let go, it
 	// finds the vGPU gone and the connection ends with the Bye.
@@ -139,16 +158,18 @@ func (h *HandoffHold) Release() {
 }
 
 // EncodeWaitingImages writes each state image waiting for its domain's
-// device model (RegisterRestore) with write, which gets the domain and
-// a writer for it: a handoff carries them to the new process, where they
-// wait again. Call it with the device socket handed off (no device model
-// takes one meanwhile); the aggregator's lock is held throughout, so an
-// image that expires meanwhile is dropped only after it was written.
-func (a *Aggregator) EncodeWaitingImages(write func(domid uint32, enc func(io.Writer) error) error) error {
+// device model (RegisterRestore, RegisterKept) with write, which gets the
+// domain, the slot that keeps the image's VRAM (-1: the image carries
+// it) and a writer for it: a handoff carries them to the new process,
+// where they wait again. Call it with the device socket handed off (no
+// device model takes one meanwhile); the aggregator's lock is held
+// throughout, so an image that expires meanwhile is dropped only after it
+// was written.
+func (a *Aggregator) EncodeWaitingImages(write func(domid uint32, kept int, enc func(io.Writer) error) error) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for domid, p := range a.restores {
-		if err := write(domid, func(w io.Writer) error { return vgpuimage.Encode(w, p.img) }); err != nil {
+		if err := write(domid, p.kept, func(w io.Writer) error { return vgpuimage.Encode(w, p.img) }); err != nil {
 			return fmt.Errorf("image waiting for domain %d: %w", domid, err)
 		}
 	}

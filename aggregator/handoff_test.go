@@ -20,7 +20,7 @@ import (
 func TestHandoffHoldRelease(t *testing.T) {
 	src, _, honest, marker, s, ctx := savedScene(t, "fv-optimized", 5, "held")
 	var img bytes.Buffer
-	hold, err := src.Hold(context.Background(), s.v, &img)
+	hold, err := src.Hold(context.Background(), s.v, &img, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestHandoffHoldRelease(t *testing.T) {
 func TestHandoffHoldCommit(t *testing.T) {
 	src, dst, honest, marker, s, ctx := savedScene(t, "pv-multicall", 6, "moved")
 	var img bytes.Buffer
-	hold, err := src.Hold(context.Background(), s.v, &img)
+	hold, err := src.Hold(context.Background(), s.v, &img, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestHandoffBlocker(t *testing.T) {
 	}
 	src, _ := newTestAggregator(t, 2)
 	v := &VGPU{Guest: Guest{Name: "x", Mode: "fv-optimized", XenRAM: true}} // refused before anything of it is looked at
-	if _, err := src.Hold(context.Background(), v, &bytes.Buffer{}); !errors.Is(err, ErrSaveUnsupported) || !strings.Contains(err.Error(), "Xen device model") {
+	if _, err := src.Hold(context.Background(), v, &bytes.Buffer{}, false); !errors.Is(err, ErrSaveUnsupported) || !strings.Contains(err.Error(), "Xen device model") {
 		t.Fatalf("hold of a Xen device model's vGPU: %v", err)
 	}
 }

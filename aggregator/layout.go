@@ -75,6 +75,9 @@ func NewLayout(p config.PartitionConfig, maxVMs int, vramSize uint64, channels i
 	return l, nil
 }
 
+// SlotSegment is the index, among Segments, of slot i's segment.
+func SlotSegment(i int) int { return 1 + i }
+
 // Segments returns VRAM segment sizes that give every slot's slice its own
 // backing (for a board that supports it, such as the simulated one): the
 // reserve, each slice, and what is left.

@@ -126,6 +126,11 @@ func Move(ctx context.Context, v *VGPU, dst *Aggregator) (MoveStats, error) {
 		dst.freeHeld(to.Index)
 		return st, fmt.Errorf("move vGPU %d: %w", v.ID, ErrDetached)
 	}
+	if v.image != nil && v.image.kept {
+		v.mu.Unlock()
+		dst.freeHeld(to.Index)
+		return st, fmt.Errorf("move vGPU %d: its VRAM is kept in slot %d of board %s: %w", v.ID, v.homeSlot, src.opts.BoardName, ErrMoveUnsupported)
+	}
 	if v.image != nil {
 		// Parked (evict.go): it is restored on dst from its image.
 		rst, err := v.restoreOn(dst, to)
@@ -220,7 +225,7 @@ func (a *Aggregator) holdSlotPrefer(v *VGPU, prefer int) (Slot, error) {
 	}
 	for _, i := range order {
 		u := a.vgpus[i]
-		if _, broken := a.broken[i]; u != nil || broken {
+		if u != nil || !a.slotFree(i) {
 			continue
 		}
 		s := a.layout.Slots[i]

@@ -59,7 +59,7 @@ func (a *Aggregator) Types() []TypeInfo {
 	a.mu.Lock()
 	var free []Slot
 	for i, v := range a.vgpus {
-		if _, broken := a.broken[i]; v == nil && !broken {
+		if v == nil && a.slotFree(i) {
 			free = append(free, a.layout.Slots[i])
 		}
 	}

@@ -64,7 +64,10 @@ func (a *Aggregator) AttachPVDRMRestoredMapped(g Guest, gartSize uint64, mapGART
 	if err != nil {
 		return nil, fail(err)
 	}
-	img := a.takeRestore(g.DomID)
+	img, kept := a.takeRestore(g.DomID)
+	if kept >= 0 { // RegisterKept takes no pvdrm image; never left kept
+		a.releaseKept(kept, g.DomID)
+	}
 	if img == nil {
 		return nil, errors.Join(fail(fmt.Errorf("the image waiting for the domain was taken meanwhile: %w", ErrNoSlot)), b.abandon())
 	}

@@ -53,12 +53,19 @@ type RestoreInfo struct {
 	VRAM    uint64    `json:"vram"`
 	Bytes   uint64    `json:"bytes"`
 	Expires time.Time `json:"expires"`
+	// KeptSlot is the slot that keeps the vGPU's VRAM, handed over in
+	// place by the daemon's previous process (keep.go); absent: the image
+	// carries its VRAM.
+	KeptSlot *int `json:"kept_slot,omitempty"`
 }
 
 type pendingRestore struct {
 	img   *vgpuimage.Image
 	info  RestoreInfo
 	timer *time.Timer
+	// kept is the slot that keeps the image's VRAM (RegisterKept), -1:
+	// none, the image carries its pages.
+	kept int
 }
 
 // RegisterRestore reads an image from r, checks it (CheckImage) and holds
@@ -79,7 +86,7 @@ func (a *Aggregator) RegisterImage(domid uint32, img *vgpuimage.Image) (RestoreI
 		img.Scrub()
 		return RestoreInfo{}, err
 	}
-	return a.holdRestore(domid, img)
+	return a.holdRestoreIn(domid, img, -1)
 }
 
 // CheckImage checks a decoded image against this board: what can be
@@ -170,17 +177,29 @@ func (a *Aggregator) imageSlot(img *vgpuimage.Image) Slot {
 // maxRestores bounds the images waiting: as many as domain settings.
 func (a *Aggregator) maxRestores() int { return a.maxDomainSettings() }
 
-func (a *Aggregator) holdRestore(domid uint32, img *vgpuimage.Image) (RestoreInfo, error) {
+// holdRestoreIn holds img for domid's next device model; kept is the slot
+// that keeps its VRAM (-1: none). It takes img — and, refused, the kept
+// slot's VRAM goes.
+func (a *Aggregator) holdRestoreIn(domid uint32, img *vgpuimage.Image, kept int) (RestoreInfo, error) {
 	info := RestoreInfo{DomID: domid, Mode: img.Identity.Mode, Name: img.Identity.Name, VRAM: img.Identity.VRAM,
 		Bytes: img.Bytes(), Expires: time.Now().Add(RestoreTTL)}
+	if kept >= 0 {
+		info.KeptSlot = &kept
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.restores[domid]; !ok && len(a.restores) >= a.maxRestores() {
 		img.Scrub()
+		if kept >= 0 {
+			a.releaseKeptLocked(kept, domid)
+		}
 		return info, fmt.Errorf("%w: images for %d domains are waiting already", ErrImageRefused, len(a.restores))
 	}
+	if old, ok := a.restores[domid]; ok && old.kept == kept {
+		old.kept = -1 // the same VRAM, now the new image's
+	}
 	a.dropRestoreLocked(domid)
-	p := &pendingRestore{img: img, info: info}
+	p := &pendingRestore{img: img, info: info, kept: kept}
 	p.timer = time.AfterFunc(RestoreTTL, func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -190,7 +209,7 @@ func (a *Aggregator) holdRestore(domid uint32, img *vgpuimage.Image) (RestoreInf
 		}
 	})
 	a.restores[domid] = p
-	a.log.Info("state image registered", "domid", domid, "mode", info.Mode, "name", info.Name, "bytes", info.Bytes)
+	a.log.Info("state image registered", "domid", domid, "mode", info.Mode, "name", info.Name, "bytes", info.Bytes, "kept_slot", kept)
 	return info, nil
 }
 
@@ -201,6 +220,9 @@ func (a *Aggregator) dropRestoreLocked(domid uint32) {
 		p.timer.Stop()
 		p.img.Scrub()
 		delete(a.restores, domid)
+		if p.kept >= 0 {
+			a.releaseKeptLocked(p.kept, domid)
+		}
 	}
 }
 
@@ -237,17 +259,18 @@ func NoImageError(domid uint32) error {
 	return fmt.Errorf("%sno vGPU state image waits for domain %d here (gpuvm vgpu restore --domid %d FILE)", ipc.RejectNoImage, domid, domid)
 }
 
-// takeRestore removes and returns the image waiting for domid (nil: none).
-func (a *Aggregator) takeRestore(domid uint32) *vgpuimage.Image {
+// takeRestore removes and returns the image waiting for domid (nil: none)
+// and the slot that keeps its VRAM (-1: none), which the caller then owns.
+func (a *Aggregator) takeRestore(domid uint32) (*vgpuimage.Image, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p, ok := a.restores[domid]
 	if !ok {
-		return nil
+		return nil, -1
 	}
 	p.timer.Stop()
 	delete(a.restores, domid)
-	return p.img
+	return p.img, p.kept
 }
 
 // restorePending reports whether an image waits for domain domid.
@@ -262,11 +285,17 @@ func (a *Aggregator) restorePending(domid uint32) bool {
 // new attach would: into a free slot, or — only on a board allowed to
 // overcommit, as far as it may — into one another vGPU is evicted from. A
 // restore never makes room by eviction where an attach could not.
-func (a *Aggregator) restoreAdmits(img *vgpuimage.Image) bool {
+func (a *Aggregator) restoreAdmits(p *pendingRestore) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if p.kept >= 0 {
+		// Its own slot, which keeps its VRAM.
+		k, ok := a.kept[p.kept]
+		return ok && k.domid == p.info.DomID && a.vgpus[p.kept] == nil
+	}
+	img := p.img
 	for i, v := range a.vgpus {
-		if _, broken := a.broken[i]; v == nil && !broken {
+		if v == nil && a.slotFree(i) {
 			return true
 		}
 	}
@@ -311,11 +340,11 @@ func (a *Aggregator) attachRestored(g Guest, mapRAM func() ([]byte, func() error
 		// device model of another domain could claim).
 		a.reg.release(id)
 		return fail(fmt.Errorf("%w: the device model is for guest %q, the image is of guest %q", ErrImageRefused, g.Name, want.Name))
-	case !a.restoreAdmits(p.img):
+	case !a.restoreAdmits(p):
 		a.reg.release(id)
 		return fail(fmt.Errorf("no free slot on board %s for it (the image keeps waiting): %w", a.opts.BoardName, ErrNoSlot))
 	}
-	img := a.takeRestore(g.DomID)
+	img, kept := a.takeRestore(g.DomID)
 	if img == nil {
 		a.reg.release(id)
 		return fail(fmt.Errorf("the image waiting for the domain was taken meanwhile: %w", ErrNoSlot))
@@ -324,7 +353,14 @@ func (a *Aggregator) attachRestored(g Guest, mapRAM func() ([]byte, func() error
 	v, err := a.parkedFromImage(id, g, img, mapRAM)
 	if err != nil {
 		a.reg.release(id)
+		if kept >= 0 {
+			a.releaseKept(kept, g.DomID)
+		}
 		return fail(err)
+	}
+	if kept >= 0 {
+		// Its VRAM is in the slot kept for it: restored there, not copied.
+		v.image.kept, v.homeSlot = true, kept
 	}
 	a.mu.Lock()
 	a.parked[id] = v
@@ -454,13 +490,12 @@ func (v *VGPU) applyPV(p *vgpuimage.PV, ev *evictImage) error {
 func (a *Aggregator) restoreNow(v *VGPU) (EvictStats, error) {
 	v.restoreMu.Lock()
 	defer v.restoreMu.Unlock()
-	var to Slot
-	var err error
-	if a.opts.Overcommit > 1 {
-		to, err = a.roomFor(context.Background(), v, -1)
-	} else {
-		to, err = a.holdSlotPrefer(v, -1) // never by evicting another vGPU
-	}
+	to, err := a.slotForRestore(v, func() (Slot, error) {
+		if a.opts.Overcommit > 1 {
+			return a.roomFor(context.Background(), v, -1)
+		}
+		return a.holdSlotPrefer(v, -1) // never by evicting another vGPU
+	})
 	if err != nil {
 		return EvictStats{}, err
 	}

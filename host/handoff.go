@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
 // Handing the host's vGPUs to a new daemon process (docs/protocol.md
@@ -41,8 +42,28 @@ func (h *Host) HandoffBlockers() []string {
 // domid handed over by the previous daemon process from the board called
 // board, on that board if it takes it — decoded straight from image and
 // checked as any restore's — and else as RegisterRestore places it (a
-// board renamed or resized by the new configuration).
-func (h *Host) RegisterHandoff(domid uint32, board string, image io.ReadSeeker) (aggregator.RestoreInfo, error) {
+// board renamed or resized by the new configuration). kept ≥ 0 is the slot
+// of that board that keeps the vGPU's VRAM, which the image does not carry
+// (aggregator.RegisterKept): only that board and slot can take it.
+func (h *Host) RegisterHandoff(domid uint32, board string, image io.ReadSeeker, kept int) (aggregator.RestoreInfo, error) {
+	if kept >= 0 {
+		b := h.Board(board)
+		if b == nil {
+			return aggregator.RestoreInfo{}, fmt.Errorf("board %s, which keeps its VRAM, is gone", board)
+		}
+		img, err := vgpuimage.Decode(bufio.NewReaderSize(image, 1<<20))
+		if err != nil {
+			return aggregator.RestoreInfo{}, fmt.Errorf("%w: %w", aggregator.ErrImageRefused, err)
+		}
+		h.restoreMu.Lock()
+		defer h.restoreMu.Unlock()
+		for _, o := range h.boards {
+			if o != b {
+				o.Agg.ForgetRestore(domid)
+			}
+		}
+		return b.Agg.RegisterKept(domid, img, kept)
+	}
 	if b := h.Board(board); b != nil {
 		h.restoreMu.Lock()
 		info, err := b.Agg.RegisterRestore(domid, bufio.NewReaderSize(image, 1<<20))

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -37,6 +38,13 @@ type Board struct {
 	// RepairBus puts it back on the bus after FailBus (the simulated
 	// board's RepairBus; nil: the board has none).
 	RepairBus func() error
+	// VRAMFiles returns a new file on each of the board's VRAM segments,
+	// in order, for a new daemon process to build the board over (the
+	// simulated board's VRAMSegmentFiles; nil: its VRAM cannot be handed
+	// over, and a handoff copies it into the images).
+	VRAMFiles func() ([]*os.File, error)
+	// VRAMSegments are the sizes of those segments.
+	VRAMSegments []uint64
 
 	// state is whether placement may choose it (under Host.mu).
 	state State

@@ -215,7 +215,7 @@ func (h *Host) candidate(b *Board, state State, load float64) Candidate {
 		c.Weight += s.Weight
 		used++
 	}
-	c.Free = max(len(b.Agg.Layout().Slots)-used-len(b.Agg.OutOfService()), 0)
+	c.Free = max(len(b.Agg.Layout().Slots)-used-len(b.Agg.OutOfService())-len(b.Agg.KeptSlots()), 0)
 	c.Room = b.Agg.Room()
 	return c
 }

@@ -56,6 +56,12 @@ func (h *Host) RegisterRestore(domid uint32, r io.Reader) (aggregator.RestoreInf
 	return h.holdImage(domid, img)
 }
 
+// RegisterImage registers img, decoded already, for domain domid as
+// RegisterRestore does. It takes img.
+func (h *Host) RegisterImage(domid uint32, img *vgpuimage.Image) (aggregator.RestoreInfo, error) {
+	return h.holdImage(domid, img)
+}
+
 // holdImage holds img for domid on the first board whose checks it
 // passes, replacing an image waiting for the domain on any board only once
 // it is taken (gpuvm vgpu restore, or an incoming migration). It takes img.
