@@ -16,7 +16,7 @@ import (
 // newHost brings up every board the configuration declares ([[boards]], or
 // [board] alone), each with its own aggregator and scheduler instance, all
 // sharing one vGPU registry.
-func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host, err error) {
+func newHost(c *cli.Context, cfg config.Config, log *slog.Logger, inh *inherited) (h *host.Host, err error) {
 	reg := aggregator.NewRegistry()
 	var boards []*host.Board
 	var closers []func() error
@@ -42,8 +42,11 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 		if err != nil {
 			return nil, usageError("board %s: %v", e.Name, err)
 		}
-		board, err := sim.New(sim.Config{VRAMSize: uint64(e.VRAM), Channels: e.Channels, MemPartitions: e.MemPartitions,
-			Timing: timing, VRAMSegments: layout.Segments(uint64(e.VRAM))})
+		segs := layout.Segments(uint64(e.VRAM))
+		// Over the VRAM a previous process of this daemon handed over
+		// (handoff_vram.go), or new.
+		board, err := inh.newSimBoard(e.Name, sim.Config{VRAMSize: uint64(e.VRAM), Channels: e.Channels, MemPartitions: e.MemPartitions,
+			Timing: timing, VRAMSegments: segs})
 		if err != nil {
 			return nil, err
 		}
@@ -76,7 +79,8 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger) (h *host.Host,
 			return nil, err
 		}
 		closers = closers[:len(closers)-1] // the host closes it, after its aggregator
-		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus, RepairBus: board.RepairBus})
+		boards = append(boards, &host.Board{Index: i, Name: e.Name, Timing: timing.Name, Agg: agg, Release: board.Close, FailBus: board.FailBus, RepairBus: board.RepairBus,
+			VRAMFiles: board.VRAMSegmentFiles, VRAMSegments: segs})
 	}
 	d := cfg.Daemon
 	return host.New(reg, boards, host.Options{Logger: log, FaultInjection: c.Bool("fault-injection"), Placement: d.Placement,

@@ -37,8 +37,10 @@ import (
 // handoffEnv names the manifest's fd in the new process's environment.
 const handoffEnv = "GPUVM_HANDOFF"
 
-// handoffVersion is the manifest's version (§15.2).
-const handoffVersion = 1
+// handoffVersion is the manifest's version (§15.2): 2 hands the boards'
+// VRAM over (§15.3). A manifest of version 1 (an upgrade from a gpuvm
+// that wrote those) is read too: its images carry their VRAM.
+const handoffVersion = 2
 
 // handoffHoldTimeout bounds the wait for one vGPU's work in flight.
 const handoffHoldTimeout = 30 * time.Second
@@ -83,11 +85,13 @@ func (u *upgrader) watch(ctx context.Context, sig chan os.Signal) {
 }
 
 // heldVGPU is a vGPU held for the handoff and its image — or, hold nil,
-// an image waiting for domain domid.
+// an image waiting for domain domid, its VRAM kept in slot kept (-1: the
+// image carries it).
 type heldVGPU struct {
 	board string
 	hold  *aggregator.HandoffHold
 	domid uint32
+	kept  int
 	image *os.File
 }
 
@@ -135,25 +139,44 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	manifest, err := u.manifest(sock, ctl, held, waiting)
+	vram, err := u.boardVRAM()
+	defer func() {
+		for _, b := range vram {
+			for _, f := range b.files {
+				f.Close()
+			}
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	manifest, err := u.manifest(sock, ctl, held, waiting, vram)
 	if err != nil {
 		return err
 	}
 	defer manifest.Close()
 	var bytes uint64
+	kept := 0
 	for _, hv := range held {
 		bytes += hv.hold.Stats.Bytes
+		if hv.hold.Kept >= 0 {
+			kept++
+		}
 	}
 	pass := []*os.File{sock, ctl, manifest}
 	for _, hv := range append(held, waiting...) {
 		pass = append(pass, hv.image)
+	}
+	for _, b := range vram {
+		pass = append(pass, b.files...)
 	}
 	if err := inheritable(pass, true); err != nil {
 		return errors.Join(err, inheritable(pass, false))
 	}
 	committed = true
 	u.commitAll(held)
-	u.log.Info("handoff: exec'ing the new daemon process", "binary", exe, "vgpus", len(held), "vram_bytes", bytes, "took", time.Since(start))
+	u.log.Info("handoff: exec'ing the new daemon process", "binary", exe, "vgpus", len(held), "vram_kept_in_place", kept,
+		"image_bytes", bytes, "took", time.Since(start))
 	env := append(withoutEnv(os.Environ(), handoffEnv), handoffEnv+"="+strconv.Itoa(int(manifest.Fd())))
 	xerr := u.exec(exe, os.Args, env)
 	return errors.Join(fmt.Errorf("exec %s: %w", exe, xerr), inheritable(pass, false))
@@ -194,7 +217,7 @@ func (u *upgrader) holdAll(ctx context.Context, held []heldVGPU) ([]heldVGPU, er
 				}
 				seen[v] = true
 				wg.Go(func() {
-					hv, err := holdOne(ctx, b, v)
+					hv, err := holdOne(ctx, b, v, b.VRAMFiles != nil)
 					mu.Lock()
 					results = append(results, result{hv, err})
 					mu.Unlock()
@@ -220,8 +243,9 @@ func (u *upgrader) holdAll(ctx context.Context, held []heldVGPU) ([]heldVGPU, er
 	}
 }
 
-// holdOne holds v of board b, its image in a new memfd.
-func holdOne(ctx context.Context, b *host.Board, v *aggregator.VGPU) (heldVGPU, error) {
+// holdOne holds v of board b, its image in a new memfd; keepVRAM leaves
+// its VRAM in its slot (the board's memory is handed over).
+func holdOne(ctx context.Context, b *host.Board, v *aggregator.VGPU, keepVRAM bool) (heldVGPU, error) {
 	f, err := memfd(fmt.Sprintf("gpuvm-handoff-vgpu-%d", v.ID))
 	if err != nil {
 		return heldVGPU{}, err
@@ -229,7 +253,7 @@ func holdOne(ctx context.Context, b *host.Board, v *aggregator.VGPU) (heldVGPU, 
 	ctx, cancel := context.WithTimeout(ctx, handoffHoldTimeout)
 	defer cancel()
 	w := bufio.NewWriterSize(f, 1<<20)
-	hold, err := b.Agg.Hold(ctx, v, w)
+	hold, err := b.Agg.Hold(ctx, v, w, keepVRAM)
 	if err == nil {
 		if err = w.Flush(); err != nil {
 			hold.Release()
@@ -271,6 +295,6 @@ func (u *upgrader) restoreHere(hv heldVGPU) error {
 	if err != nil {
 		return err
 	}
-	_, err = u.h.RegisterHandoff(v.Guest.DomID, hv.board, io.NewSectionReader(hv.image, 0, min(st.Size(), maxImage(u.h))))
+	_, err = u.h.RegisterHandoff(v.Guest.DomID, hv.board, io.NewSectionReader(hv.image, 0, min(st.Size(), maxImage(u.h))), hv.hold.Kept)
 	return err
 }

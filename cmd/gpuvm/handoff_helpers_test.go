@@ -40,6 +40,21 @@ bar3_per_vm = "8MiB"
 	return conf
 }
 
+// reshape replaces old with new in the configuration file conf.
+func reshape(t *testing.T, conf, old, new string) {
+	t.Helper()
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), old) {
+		t.Fatalf("%s has no %q", conf, old)
+	}
+	if err := os.WriteFile(conf, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // installGpuvm copies the gpuvm binary the tests run (this test binary,
 // or $GPUVM_SELF_EXE) to path as an installer would: a new file renamed
 // over the old, so a daemon running the old one keeps its image.

@@ -28,6 +28,10 @@ type inherited struct {
 	m             handoffManifest
 	sock, control *os.File
 	images        []*os.File // by all()
+	// vram are the boards' VRAM segments handed over, by board name
+	// (§15.3); adopted, the boards built over them.
+	vram    map[string][]*os.File
+	adopted map[string]bool
 }
 
 // inheritHandoff takes over what the previous process of this PID handed
@@ -79,6 +83,22 @@ func inheritHandoff() (*inherited, error) {
 		errs = append(errs, err)
 		in.images = append(in.images, f)
 	}
+	in.vram, in.adopted = map[string][]*os.File{}, map[string]bool{}
+	for _, b := range in.m.Boards {
+		if _, dup := in.vram[b.Name]; dup {
+			errs = append(errs, fmt.Errorf("handoff manifest: board %s twice", b.Name))
+			continue
+		}
+		var files []*os.File
+		for i, s := range b.Segments {
+			f, err := file(s.FD, fmt.Sprintf("VRAM segment %d of board %s", i, b.Name))
+			errs = append(errs, err)
+			if f != nil {
+				files = append(files, f)
+			}
+		}
+		in.vram[b.Name] = files
+	}
 	if err := errors.Join(errs...); err != nil {
 		in.close()
 		return nil, err
@@ -93,8 +113,10 @@ func decodeManifest(raw []byte, m *handoffManifest) error {
 		return fmt.Errorf("handoff manifest: %w", err)
 	}
 	switch {
-	case m.Version != handoffVersion:
-		return fmt.Errorf("handoff manifest version %d: this gpuvm reads version %d", m.Version, handoffVersion)
+	case m.Version != 1 && m.Version != handoffVersion:
+		return fmt.Errorf("handoff manifest version %d: this gpuvm reads versions 1 and %d", m.Version, handoffVersion)
+	case m.Version == 1 && len(m.Boards) != 0:
+		return errors.New("handoff manifest version 1 with boards' VRAM: that is version 2's")
 	case m.PID != os.Getpid():
 		return fmt.Errorf("handoff manifest of process %d, not of this one (%d)", m.PID, os.Getpid())
 	case m.Socket.Path == "" || m.Control.Path == "":
@@ -117,7 +139,7 @@ func (in *inherited) register(h *host.Host, log *slog.Logger) {
 		} else if st.Size() > limit {
 			err = fmt.Errorf("image of %d bytes: the boards take %d", st.Size(), limit)
 		} else {
-			_, err = h.RegisterHandoff(g.DomID, g.Board, io.NewSectionReader(f, 0, st.Size()))
+			err = in.registerOne(h, g, io.NewSectionReader(f, 0, st.Size()))
 		}
 		f.Close()
 		in.images[i] = nil
@@ -125,8 +147,10 @@ func (in *inherited) register(h *host.Host, log *slog.Logger) {
 			log.Error("handoff: a handed-over vGPU is lost", "domid", g.DomID, "name", g.Name, "board", g.Board, "err", err)
 			continue
 		}
-		log.Info("handoff: vGPU image waits for its device model", "domid", g.DomID, "name", g.Name, "board", g.Board, "bytes", g.Bytes)
+		log.Info("handoff: vGPU image waits for its device model", "domid", g.DomID, "name", g.Name, "board", g.Board, "bytes", g.Bytes,
+			"vram_in_place", g.Kept != nil && in.adopted[g.Board])
 	}
+	in.closeVRAM()
 }
 
 // all are the inherited images: those that waited, then the vGPUs' — so
@@ -142,6 +166,7 @@ func (in *inherited) close() {
 			f.Close()
 		}
 	}
+	in.closeVRAM()
 }
 
 // jsonStrict decodes raw into v, refusing unknown fields and trailing

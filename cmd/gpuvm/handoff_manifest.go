@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/host"
 )
 
@@ -27,6 +28,29 @@ type handoffManifest struct {
 	// Waiting are the images registered for a domain and not yet taken
 	// (gpuvm vgpu restore): their VGPU is -1, Name and Mode empty.
 	Waiting []handoffVGPU `json:"waiting"`
+	// Boards are the boards whose VRAM is handed over (version 2).
+	Boards []handoffBoard `json:"boards,omitempty"`
+}
+
+// handoffBoard is a board's VRAM handed over: its size and the memfd of
+// each segment, in order (§15.3).
+type handoffBoard struct {
+	Name     string           `json:"name"`
+	VRAM     uint64           `json:"vram"`
+	Segments []handoffSegment `json:"segments"`
+}
+
+// handoffSegment is one VRAM segment's memfd.
+type handoffSegment struct {
+	Size uint64 `json:"size"`
+	FD   int    `json:"fd"`
+}
+
+// handoffKept says where a vGPU's VRAM, which its image does not carry,
+// is: in slot Slot of its board, segment Segment of the board's entry.
+type handoffKept struct {
+	Slot    int `json:"slot"`
+	Segment int `json:"segment"`
 }
 
 // handoffSocket is an inherited listening socket and the path it is bound
@@ -45,6 +69,38 @@ type handoffVGPU struct {
 	VGPU  int    `json:"vgpu"`
 	FD    int    `json:"fd"`
 	Bytes int64  `json:"bytes"`
+	// Kept: the VRAM is in place on the board (version 2); nil: the
+	// image carries it.
+	Kept *handoffKept `json:"vram_kept,omitempty"`
+}
+
+// boardVRAM is a board's VRAM segments, to hand over.
+type boardVRAM struct {
+	name  string
+	vram  uint64
+	sizes []uint64
+	files []*os.File
+}
+
+// boardVRAM takes a file on each VRAM segment of every board that can
+// hand its VRAM over (host.Board.VRAMFiles).
+func (u *upgrader) boardVRAM() ([]boardVRAM, error) {
+	var out []boardVRAM
+	for _, b := range u.h.Boards() {
+		if b.VRAMFiles == nil {
+			continue
+		}
+		files, err := b.VRAMFiles()
+		if err != nil {
+			return out, fmt.Errorf("board %s: its VRAM: %w", b.Name, err)
+		}
+		var size uint64
+		for _, n := range b.VRAMSegments {
+			size += n
+		}
+		out = append(out, boardVRAM{name: b.Name, vram: size, sizes: b.VRAMSegments, files: files})
+	}
+	return out, nil
 }
 
 // waitingImages writes every image waiting for its domain into a memfd of
@@ -52,7 +108,7 @@ type handoffVGPU struct {
 func (u *upgrader) waitingImages() ([]heldVGPU, error) {
 	var out []heldVGPU
 	for _, b := range u.h.Boards() {
-		err := b.Agg.EncodeWaitingImages(func(domid uint32, enc func(io.Writer) error) error {
+		err := b.Agg.EncodeWaitingImages(func(domid uint32, kept int, enc func(io.Writer) error) error {
 			f, err := memfd(fmt.Sprintf("gpuvm-handoff-waiting-%d", domid))
 			if err != nil {
 				return err
@@ -62,7 +118,7 @@ func (u *upgrader) waitingImages() ([]heldVGPU, error) {
 				f.Close()
 				return err
 			}
-			out = append(out, heldVGPU{board: b.Name, domid: domid, image: f})
+			out = append(out, heldVGPU{board: b.Name, domid: domid, kept: kept, image: f})
 			return nil
 		})
 		if err != nil {
@@ -73,7 +129,7 @@ func (u *upgrader) waitingImages() ([]heldVGPU, error) {
 }
 
 // manifest writes §15.2's manifest into a new memfd.
-func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU) (*os.File, error) {
+func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU, vram []boardVRAM) (*os.File, error) {
 	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(),
 		Socket:  handoffSocket{Path: u.ln.Addr(), FD: int(sock.Fd())},
 		Control: handoffSocket{Path: u.ctl.path, FD: int(ctl.Fd())}}
@@ -83,15 +139,30 @@ func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU) (*os.F
 		if err != nil {
 			return nil, err
 		}
-		m.VGPUs = append(m.VGPUs, handoffVGPU{DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, Board: hv.board,
-			VGPU: v.ID, FD: int(hv.image.Fd()), Bytes: st.Size()})
+		e := handoffVGPU{DomID: v.Guest.DomID, Name: v.Guest.Name, Mode: v.Guest.Mode, Board: hv.board,
+			VGPU: v.ID, FD: int(hv.image.Fd()), Bytes: st.Size()}
+		if k := hv.hold.Kept; k >= 0 {
+			e.Kept = &handoffKept{Slot: k, Segment: aggregator.SlotSegment(k)}
+		}
+		m.VGPUs = append(m.VGPUs, e)
+	}
+	for _, b := range vram {
+		e := handoffBoard{Name: b.name, VRAM: b.vram}
+		for i, f := range b.files {
+			e.Segments = append(e.Segments, handoffSegment{Size: b.sizes[i], FD: int(f.Fd())})
+		}
+		m.Boards = append(m.Boards, e)
 	}
 	for _, w := range waiting {
 		st, err := w.image.Stat()
 		if err != nil {
 			return nil, err
 		}
-		m.Waiting = append(m.Waiting, handoffVGPU{DomID: w.domid, Board: w.board, VGPU: -1, FD: int(w.image.Fd()), Bytes: st.Size()})
+		e := handoffVGPU{DomID: w.domid, Board: w.board, VGPU: -1, FD: int(w.image.Fd()), Bytes: st.Size()}
+		if w.kept >= 0 {
+			e.Kept = &handoffKept{Slot: w.kept, Segment: aggregator.SlotSegment(w.kept)}
+		}
+		m.Waiting = append(m.Waiting, e)
 	}
 	f, err := memfd("gpuvm-handoff-manifest")
 	if err != nil {

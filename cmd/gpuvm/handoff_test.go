@@ -19,9 +19,11 @@ import (
 // last page of its VRAM. A new binary is installed over the old one and
 // the daemon gets SIGUSR2: the same PID goes on running the new binary,
 // serving on the sockets the old process handed over; each VM's device
-// model resumes there and every run of every VM verifies. The honest VM's
-// marker reads back unchanged through its restored vGPU, and none of the
-// four VM processes' memfd memory (guest RAM, VRAM slice) ever held it.
+// model resumes there and every run of every VM verifies. The board's
+// VRAM is handed over with it: every vGPU's VRAM stays in its slot, and
+// the new process restores each in place. The honest VM's marker reads
+// back unchanged through its restored vGPU, and none of the four VM
+// processes' memfd memory (guest RAM, VRAM slice) ever held it.
 func TestRestartUnderFourVMs(t *testing.T) {
 	dir := t.TempDir()
 	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
@@ -104,6 +106,9 @@ func TestRestartUnderFourVMs(t *testing.T) {
 	}
 	if honest.dev.Resumes() != 1 {
 		t.Errorf("the honest VM's device model resumed %d times, want 1", honest.dev.Resumes())
+	}
+	if n := strings.Count(logs.String(), "vram_in_place=true"); n != 5 {
+		t.Errorf("%d vGPUs' VRAM kept in place across the handoff, want all 5:\n%s", n, logs)
 	}
 	var pauses []string
 	for _, vm := range vms {
@@ -333,18 +338,27 @@ func TestDaemonKilledIsNoHandoff(t *testing.T) {
 // TestHandoffTwice: the new process can itself be handed off — its
 // signal is armed from its start, the sockets it inherited are handed on,
 // and the manifest it read is no longer in its environment — and a VM
-// resumes across both handoffs, every run verified.
+// resumes across both handoffs, every run verified. Before the second,
+// the configuration gives the board another slot: the VRAM handed over no
+// longer has the board's shape, and the VM's VRAM, kept in its slot, is
+// read out of it into its image instead of restored in place; a marked
+// VM's marker in its first and last VRAM page reads back after both.
 func TestHandoffTwice(t *testing.T) {
 	dir := t.TempDir()
 	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
 	exe := dir + "/gpuvm"
 	installGpuvm(t, exe, nil)
 	d, logs, done := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+	marked := connectMarkedVM(t, sock, "marked", 91)
+	marked.plant()
 	vm := startLoopVM(t, sock, "twice", 90, 60)
 	waitComputing(t, ctl, "twice")
 	deadline := time.Now().Add(2 * time.Minute) // a hang guard only
 	for round := 1; round <= 2; round++ {
 		before, _ := vgpuNamed(t, ctl, "twice")
+		if round == 2 {
+			reshape(t, dir+"/handoff.toml", "max_vms = 5", "max_vms = 6")
+		}
 		usr2(t, d)
 		for strings.Count(logs.String(), "serving on the sockets the previous process handed over") < round {
 			select {
@@ -369,6 +383,17 @@ func TestHandoffTwice(t *testing.T) {
 		}
 	}
 	vm.finish(t, true)
+	if in, out := strings.Count(logs.String(), "vram_in_place=true"), strings.Count(logs.String(), "vram_in_place=false"); in != 2 || out != 2 {
+		t.Errorf("VRAM restored in place %d times and read out %d times, want twice each (two VMs, two handoffs):\n%s", in, out, logs)
+	}
+	if p, ok := marked.check(); !ok {
+		t.Errorf("the marked VM's marker at VRAM %#x changed across the handoffs", p)
+	}
+	// An idle device model may still be waiting to resume at the second
+	// handoff: its image then crosses as a waiting one, its VRAM kept too.
+	if n := marked.dev.Resumes(); n < 1 || n > 2 {
+		t.Errorf("the marked VM's device model resumed %d times, want 1 or 2", n)
+	}
 	if n := strings.Count(vm.logs.String(), "resumed on the restored vGPU"); n != 2 {
 		t.Errorf("the VM resumed %d times, want 2:\n%s", n, vm.logs.String())
 	}

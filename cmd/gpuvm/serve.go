@@ -112,8 +112,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		log.Error("handoff: what the previous process handed over is unusable: starting afresh", "err", err)
 	}
-	h, err := newHost(c, cfg, log)
+	h, err := newHost(c, cfg, log, inh)
 	if err != nil {
+		if inh != nil {
+			inh.close()
+		}
 		return err
 	}
 	defer h.Close()
