@@ -2,6 +2,7 @@ package host
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -81,4 +82,70 @@ func (h *Host) RegisterHandoff(domid uint32, board string, image io.ReadSeeker, 
 		limit = max(limit, b.Agg.MaxImageBytes())
 	}
 	return h.RegisterRestore(domid, bufio.NewReaderSize(io.LimitReader(image, limit), 1<<20))
+}
+
+// HandoffState is what of the host's own state crosses a handoff beside
+// the vGPUs (docs/protocol.md §15.2): the settings a toolstack registered
+// for domains (PUT /v1/domains/{domid}), and which boards are cordoned.
+type HandoffState struct {
+	Domains  []HandoffDomain `json:"domains,omitempty"`
+	Cordoned []string        `json:"cordoned,omitempty"`
+}
+
+// HandoffDomain is one domain's registered settings: waiting at the host
+// for placement (Board ""), or registered on a board, where the domain's
+// vGPU is or is about to be.
+type HandoffDomain struct {
+	DomID    uint32                    `json:"domid"`
+	Board    string                    `json:"board,omitempty"`
+	Settings aggregator.DomainSettings `json:"settings"`
+}
+
+// HandoffState reads what of the host crosses a handoff.
+func (h *Host) HandoffState() HandoffState {
+	var s HandoffState
+	for _, b := range h.boards {
+		for d, ds := range b.Agg.DomainSettingsWaiting() {
+			s.Domains = append(s.Domains, HandoffDomain{DomID: d, Board: b.Name, Settings: ds})
+		}
+	}
+	h.mu.Lock()
+	for d, ds := range h.pending {
+		s.Domains = append(s.Domains, HandoffDomain{DomID: d, Settings: ds})
+	}
+	for _, b := range h.boards {
+		// A board draining when the daemon hands off stays out of
+		// placement; its drain does not go on.
+		if b.state == StateCordoned {
+			s.Cordoned = append(s.Cordoned, b.Name)
+		}
+	}
+	h.mu.Unlock()
+	slices.SortFunc(s.Domains, func(x, y HandoffDomain) int { return cmp.Compare(x.DomID, y.DomID) })
+	return s
+}
+
+// ApplyHandoffState registers what the previous process handed over, each
+// value checked as its own request would be (a board the configuration no
+// longer has: the host's own wait, or nothing); it returns what it could
+// not apply.
+func (h *Host) ApplyHandoffState(s HandoffState) []error {
+	var errs []error
+	for _, d := range s.Domains {
+		var err error
+		if b := h.Board(d.Board); b != nil {
+			err = b.Agg.SetDomainSettings(d.DomID, d.Settings)
+		} else {
+			_, err = h.SetDomainSettings(d.DomID, d.Settings)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("settings of domain %d: %w", d.DomID, err))
+		}
+	}
+	for _, name := range s.Cordoned {
+		if err := h.SetState(name, StateCordoned); err != nil {
+			errs = append(errs, fmt.Errorf("cordon: %w", err))
+		}
+	}
+	return errs
 }

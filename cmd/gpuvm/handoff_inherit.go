@@ -115,8 +115,8 @@ func decodeManifest(raw []byte, m *handoffManifest) error {
 	switch {
 	case m.Version != 1 && m.Version != handoffVersion:
 		return fmt.Errorf("handoff manifest version %d: this gpuvm reads versions 1 and %d", m.Version, handoffVersion)
-	case m.Version == 1 && len(m.Boards) != 0:
-		return errors.New("handoff manifest version 1 with boards' VRAM: that is version 2's")
+	case m.Version == 1 && (len(m.Boards) != 0 || m.Host != nil):
+		return errors.New("handoff manifest version 1 with boards' VRAM or the host's state: those are version 2's")
 	case m.PID != os.Getpid():
 		return fmt.Errorf("handoff manifest of process %d, not of this one (%d)", m.PID, os.Getpid())
 	case m.Socket.Path == "" || m.Control.Path == "":
@@ -201,6 +201,11 @@ func listenSockets(cfg config.Config, inh *inherited, h *host.Host, spin int, lo
 			return nil, nil, fmt.Errorf("control socket: %w", err)
 		}
 		return ln, cln, nil
+	}
+	if inh.m.Host != nil {
+		for _, err := range h.ApplyHandoffState(*inh.m.Host) {
+			log.Warn("handoff: not carried over", "err", err)
+		}
 	}
 	inh.register(h, log)
 	if inh.m.Socket.Path != cfg.Daemon.Socket || inh.m.Control.Path != cfg.Daemon.ControlSocket {

@@ -30,6 +30,9 @@ type handoffManifest struct {
 	Waiting []handoffVGPU `json:"waiting"`
 	// Boards are the boards whose VRAM is handed over (version 2).
 	Boards []handoffBoard `json:"boards,omitempty"`
+	// Host is the domains' registered settings and the boards cordoned
+	// (version 2).
+	Host *host.HandoffState `json:"host,omitempty"`
 }
 
 // handoffBoard is a board's VRAM handed over: its size and the memfd of
@@ -130,7 +133,8 @@ func (u *upgrader) waitingImages() ([]heldVGPU, error) {
 
 // manifest writes §15.2's manifest into a new memfd.
 func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU, vram []boardVRAM) (*os.File, error) {
-	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(),
+	st := u.h.HandoffState()
+	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(), Host: &st,
 		Socket:  handoffSocket{Path: u.ln.Addr(), FD: int(sock.Fd())},
 		Control: handoffSocket{Path: u.ctl.path, FD: int(ctl.Fd())}}
 	for _, hv := range held {

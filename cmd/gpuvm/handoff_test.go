@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/host"
 )
 
 // TestRestartUnderFourVMs is issue 18's daemon upgrade with real
@@ -244,7 +246,8 @@ func TestHandoffRefusedForPVDRM(t *testing.T) {
 // TestHandoffCarriesWaitingImage: a state image registered for a domain
 // whose device model has not come (gpuvm vgpu restore) crosses a handoff:
 // the new process checks it again and holds it for the domain, whose next
-// device model gets its vGPU from it.
+// device model gets its vGPU from it. Settings a toolstack registered for
+// a domain, and the board's cordon, cross too.
 func TestHandoffCarriesWaitingImage(t *testing.T) {
 	dir := t.TempDir()
 	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
@@ -264,6 +267,13 @@ func TestHandoffCarriesWaitingImage(t *testing.T) {
 	if out, errOut, code := runCLI(t, "vgpu", "restore", "--control-socket", ctl, "--domid", "70", img); code != 0 {
 		t.Fatalf("gpuvm vgpu restore: exit %d\n%s%s", code, out, errOut)
 	}
+	settings := aggregator.DomainSettings{Mode: "fv-optimized", Weight: 3, Channels: 8}
+	if err := putDomainSettings(context.Background(), ctl, 71, settings); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runCLI(t, "board", "cordon", "--control-socket", ctl, "gpu0"); code != 0 {
+		t.Fatalf("gpuvm board cordon: exit %d\n%s%s", code, out, errOut)
+	}
 	usr2(t, d)
 	deadline := time.Now().Add(time.Minute) // a hang guard only
 	for !strings.Contains(logs.String(), "serving on the sockets the previous process handed over") {
@@ -275,6 +285,23 @@ func TestHandoffCarriesWaitingImage(t *testing.T) {
 	_, after, _ := strings.Cut(logs.String(), "handoff: exec'ing the new daemon process")
 	if !strings.Contains(after, `msg="state image registered" board=gpu0 domid=70`) {
 		t.Fatalf("the new process holds no image for domain 70:\n%s", after)
+	}
+	var domains map[string]aggregator.DomainSettings
+	if err := controlGet(context.Background(), ctl, "/v1/domains", &domains); err != nil {
+		t.Fatal(err)
+	}
+	if got := domains["71"]; got != settings {
+		t.Errorf("domain 71's settings after the handoff: %+v, want %+v (all: %v)", got, settings, domains)
+	}
+	var boards []host.BoardInfo
+	if err := controlGet(context.Background(), ctl, "/v1/boards", &boards); err != nil {
+		t.Fatal(err)
+	}
+	if len(boards) != 1 || boards[0].State != host.StateCordoned {
+		t.Errorf("boards after the handoff: %+v, want gpu0 cordoned", boards)
+	}
+	if out, errOut, code := runCLI(t, "board", "uncordon", "--control-socket", ctl, "gpu0"); code != 0 {
+		t.Fatalf("gpuvm board uncordon: exit %d\n%s%s", code, out, errOut)
 	}
 	// The domain's next device model: a fresh one, whose driver starts
 	// over a vGPU it did not set up (only a resuming device model goes on
