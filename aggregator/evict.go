@@ -172,13 +172,16 @@ func (a *Aggregator) evictVGPU(ctx context.Context, v *VGPU, reason string, keep
 		a.mu.Lock()
 		a.parked[v.ID] = v
 		a.mu.Unlock()
+		if keep {
+			// Under v.mu: no teardown comes between (its dropImage
+			// then releases the slot kept here).
+			a.keepSlot(v, st.Slot)
+		}
 		v.evicted.Store(true)
 		parked = true
 		log := v.log // a restore may set it once mu is let go
 		v.mu.Unlock()
-		if keep {
-			a.keepSlot(v, st.Slot)
-		} else {
+		if !keep {
 			a.releaseMoved(v, st.Slot, a)
 		}
 		if pending {
@@ -300,7 +303,7 @@ func (v *VGPU) ensureResident() error {
 		return fmt.Errorf("restore vGPU %d: board %s lost (%s): %w", v.ID, a.opts.BoardName, why, ErrDeviceLost)
 	}
 	t0 := time.Now()
-	to, err := a.slotForRestore(v, func() (Slot, error) { return a.roomFor(context.Background(), v, v.homeSlot) })
+	to, kept, err := a.slotForRestore(v, func() (Slot, error) { return a.roomFor(context.Background(), v, v.homeSlot) })
 	v.ctr.restoreWaitNs.Add(uint64(time.Since(t0)))
 	if err != nil {
 		return fmt.Errorf("restore vGPU %d: %w", v.ID, err)
@@ -308,7 +311,7 @@ func (v *VGPU) ensureResident() error {
 	v.mu.Lock()
 	if v.dead || v.image == nil || v.agg != a {
 		v.mu.Unlock()
-		a.freeHeld(to.Index)
+		a.freeClaimed(to.Index, kept)
 		return nil
 	}
 	st, err := v.restoreOn(a, to)
@@ -607,7 +610,9 @@ func (a *Aggregator) overcommitBudget() (budget float64, held uint64) {
 		held += u.Slot.VRAM.Size
 	}
 	for _, k := range a.kept {
-		held += k.vram // its vGPU comes back into it
+		if a.parked[k.owner] == nil { // a parked owner counted above
+			held += k.vram // its vGPU comes back into it
+		}
 	}
 	return max(a.opts.Overcommit, 1) * float64(total), held
 }

@@ -51,6 +51,9 @@ type HandoffHold struct {
 	// Kept is the slot that keeps the vGPU's VRAM, which the image does
 	// not carry (keep.go); -1: the image carries it.
 	Kept int
+	// Board is the name of the board the vGPU was parked on (a move may
+	// have taken it off the one it was listed on): Kept is its slot.
+	Board string
 }
 
 // VGPU is the vGPU held.
@@ -85,7 +88,7 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bo
 		kept = v.homeSlot
 	}
 	v.mu.Unlock()
-	img, err := v.capture()
+	img, err := v.capture(kept < 0)
 	if err != nil {
 		return nil, fmt.Errorf("hand off vGPU %d: %w", v.ID, err)
 	}
@@ -94,7 +97,7 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bo
 		return nil, fmt.Errorf("hand off vGPU %d: writing the image: %w", v.ID, err)
 	}
 	held = true
-	return &HandoffHold{v: v, Kept: kept, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
+	return &HandoffHold{v: v, Kept: kept, Board: cur.opts.BoardName, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
 }
 
 // handoffByeWait bounds Commit's wait for the Bye to be written.
@@ -119,6 +122,9 @@ func (h *HandoffHold) Commit() error {
 		h.v.image.kept = false
 	}
 	h.v.mu.Unlock()
+	if h.Kept >= 0 {
+		cur.disownKept(h.Kept, h.v.Guest.DomID)
+	}
 	h.v.logger().Info("vGPU handed off", "bytes", h.Stats.Bytes, "vram_kept_in_slot", h.Kept, "pause", h.Stats.Pause, "took", h.Stats.Took)
 	err := cur.Destroy(h.v, HandoffReason)
 	// The access its guest made meanwhile waits for this lock; let go, it
@@ -169,6 +175,10 @@ func (a *Aggregator) EncodeWaitingImages(write func(domid uint32, kept int, enc 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for domid, p := range a.restores {
+		// Written, it must not expire before the exec (its kept VRAM
+		// renewed under the manifest that names it): it waits a whole
+		// RestoreTTL again, as in the new process.
+		p.timer.Reset(RestoreTTL)
 		if err := write(domid, p.kept, func(w io.Writer) error { return vgpuimage.Encode(w, p.img) }); err != nil {
 			return fmt.Errorf("image waiting for domain %d: %w", domid, err)
 		}

@@ -76,12 +76,7 @@ func TestHandoffHoldCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	nv := attachRAM(t, dst, s.g, s.ram)
-	s.port.v.Store(nv)
-	s.v = nv
-	if err := maddOnce(ctx, 16); err != nil {
-		t.Fatalf("madd in the context opened before the handoff: %v", err)
-	}
-	verifiedWork(t, s.guestVM)
+	s.goesOn(t, nv, ctx, "handoff")
 	checkHonest(t, honest, marker)
 }
 

@@ -201,6 +201,14 @@ func (a *Aggregator) Reinit() error {
 		return fmt.Errorf("reinitialise board %s: %w", name, err)
 	}
 	a.faults.reset()
+	a.mu.Lock()
+	for slot, k := range a.kept {
+		// Its VRAM goes with the reinitialisation: whoever comes for it
+		// finds no slot keeping it (its restore fails).
+		a.log.Warn("kept VRAM lost: the board is reinitialised", "slot", slot, "domid", k.domid, "name", k.name)
+		delete(a.kept, slot)
+	}
+	a.mu.Unlock()
 	for i, s := range a.layout.Slots {
 		if err := a.cleanSlot(s.VRAM); err != nil {
 			a.phys.lost.Store(true)

@@ -28,6 +28,9 @@ type keptSlot struct {
 	domid uint32
 	name  string
 	vram  uint64 // the vGPU's VRAM (its quota): what comes back into the slot
+	// owner is the id of the parked vGPU whose VRAM it is, -1 when an
+	// image waiting for its domain (or a handoff under way) owns it.
+	owner int
 }
 
 // KeptSlot describes a slot kept for a vGPU's VRAM.
@@ -65,19 +68,83 @@ func (a *Aggregator) keepSlot(v *VGPU, slot int) {
 	if a.vgpus[slot] == v {
 		a.vgpus[slot] = nil
 	}
-	a.kept[slot] = keptSlot{domid: v.Guest.DomID, name: v.Guest.Name, vram: v.Slot.VRAM.Size}
+	a.kept[slot] = keptSlot{domid: v.Guest.DomID, name: v.Guest.Name, vram: v.Slot.VRAM.Size, owner: v.ID}
+}
+
+// disownKept makes slot's kept VRAM of domid nobody's but the handoff's:
+// its vGPU is gone, and an image registered with the slot takes it.
+func (a *Aggregator) disownKept(slot int, domid uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if k, ok := a.kept[slot]; ok && k.domid == domid {
+		k.owner = -1
+		a.kept[slot] = k
+	}
 }
 
 // slotForRestore holds the slot parked v is restored into: the slot kept
-// for its VRAM if its image left it there, else the one other holds.
-func (a *Aggregator) slotForRestore(v *VGPU, other func() (Slot, error)) (Slot, error) {
+// for its VRAM if its image left it there (kept true), else the one other
+// holds.
+func (a *Aggregator) slotForRestore(v *VGPU, other func() (Slot, error)) (s Slot, kept bool, err error) {
 	v.mu.Lock()
 	kept, slot := v.image != nil && v.image.kept, v.homeSlot
 	v.mu.Unlock()
 	if !kept {
-		return other()
+		s, err = other()
+		return s, false, err
 	}
-	return a.claimKept(v, slot)
+	s, err = a.claimKept(v, slot)
+	return s, true, err
+}
+
+// freeClaimed gives back slot, held for a restore that did not happen (its
+// vGPU went meanwhile); kept: claimed from the vGPU's kept VRAM, which
+// is still there and goes first (the teardown found nothing kept).
+func (a *Aggregator) freeClaimed(slot int, kept bool) {
+	if kept {
+		a.mu.Lock()
+		if err := a.cleanSlot(a.layout.Slots[slot].VRAM); err != nil {
+			a.broken[slot] = fmt.Sprintf("renewing a slot whose kept VRAM's vGPU went: %v", err)
+			a.log.Error("slot out of service", "slot", slot, "reason", a.broken[slot])
+		}
+		a.mu.Unlock()
+	}
+	a.freeHeld(slot)
+}
+
+// RenewUnclaimed renews slot if no vGPU holds it and it keeps no VRAM:
+// a new process's sweep of the slots it adopted kept whose images did
+// not register (refused before RegisterKept saw them).
+func (a *Aggregator) RenewUnclaimed(slot int) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if slot < 0 || slot >= len(a.layout.Slots) {
+		return fmt.Errorf("board %s has no slot %d", a.opts.BoardName, slot)
+	}
+	if _, kept := a.kept[slot]; kept || a.vgpus[slot] != nil {
+		return nil
+	}
+	if err := a.cleanSlot(a.layout.Slots[slot].VRAM); err != nil {
+		a.broken[slot] = fmt.Sprintf("renewing a slot handed over with VRAM no image claimed: %v", err)
+		return err
+	}
+	return nil
+}
+
+// unkeep copies the VRAM parked v keeps in its slot into its image and
+// lets the slot go (renewed): for a save or a migration, whose image must
+// carry it. Called with v.mu held.
+func (v *VGPU) unkeep(a *Aggregator) error {
+	if v.image == nil || !v.image.kept {
+		return nil
+	}
+	from := a.layout.Slots[v.homeSlot]
+	if err := exportSlot(a, Region{Base: from.VRAM.Base, Size: v.Slot.VRAM.Size}, v.image); err != nil {
+		return fmt.Errorf("copying its kept VRAM out: %w", err)
+	}
+	v.image.kept = false
+	a.releaseKept(v.homeSlot, v.Guest.DomID)
+	return nil
 }
 
 // claimKept holds kept slot for v, the vGPU whose VRAM it keeps, as
@@ -105,7 +172,7 @@ func (a *Aggregator) unclaimKept(v *VGPU, slot int) {
 	if u := a.vgpus[slot]; u != nil && u.agg == nil && u.ID == v.ID {
 		a.vgpus[slot] = nil
 	}
-	a.kept[slot] = keptSlot{domid: v.Guest.DomID, name: v.Guest.Name, vram: v.Slot.VRAM.Size}
+	a.kept[slot] = keptSlot{domid: v.Guest.DomID, name: v.Guest.Name, vram: v.Slot.VRAM.Size, owner: v.ID}
 }
 
 // releaseKept renews and frees slot if it keeps domid's VRAM.
@@ -147,7 +214,7 @@ func (a *Aggregator) RegisterKept(domid uint32, img *vgpuimage.Image, slot int) 
 			// Renewed unless a vGPU holds it or another domain's VRAM is
 			// kept there.
 			if k, ok := a.kept[slot]; a.vgpus[slot] == nil && (!ok || k.domid == domid) {
-				a.kept[slot] = keptSlot{domid: domid, name: k.name}
+				a.kept[slot] = keptSlot{domid: domid, name: k.name, owner: -1}
 				a.releaseKeptLocked(slot, domid)
 			}
 			a.mu.Unlock()
@@ -176,7 +243,7 @@ func (a *Aggregator) RegisterKept(domid uint32, img *vgpuimage.Image, slot int) 
 		img.Scrub()
 		return RestoreInfo{}, fmt.Errorf("%w: slot %d of board %s keeps the VRAM of domid %d", ErrImageRefused, slot, a.opts.BoardName, k.domid)
 	}
-	a.kept[slot] = keptSlot{domid: domid, name: img.Identity.Name, vram: img.Identity.VRAM}
+	a.kept[slot] = keptSlot{domid: domid, name: img.Identity.Name, vram: img.Identity.VRAM, owner: -1}
 	a.mu.Unlock()
 	return a.holdRestoreIn(domid, img, slot)
 }

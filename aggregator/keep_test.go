@@ -20,16 +20,7 @@ func keptScene(t *testing.T, mode string) (a *Aggregator, board *sim.Board, hone
 	a, board = newTestAggregator(t, 2)
 	honest, marker = honestBeside(t, a)
 	s = startSavable(t, a, 5, "kept", mode)
-	verifiedWork(t, s.guestVM)
-	ctx, err := gdev.NewContext(s.dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ctx.Close() })
-	if err := maddOnce(ctx, 16); err != nil {
-		t.Fatal(err)
-	}
-	return a, board, honest, marker, s, ctx
+	return a, board, honest, marker, s, s.computing(t)
 }
 
 // holdKept holds s's vGPU with its VRAM kept in its slot and checks what
@@ -135,12 +126,7 @@ func TestHandoffKeptVRAMCommit(t *testing.T) {
 			if nv.Evicted() || nv.Slot.Index != slot {
 				t.Fatalf("restored: parked %v, slot %d (want %d)", nv.Evicted(), nv.Slot.Index, slot)
 			}
-			s.port.v.Store(nv)
-			s.v = nv
-			if err := maddOnce(ctx, 16); err != nil {
-				t.Fatalf("madd in the context opened before the handoff: %v", err)
-			}
-			verifiedWork(t, s.guestVM)
+			s.goesOn(t, nv, ctx, "handoff")
 			checkHonest(t, honest, marker)
 		})
 	}
@@ -217,4 +203,80 @@ func TestKeptVRAMRefusals(t *testing.T) {
 		t.Fatalf("a newcomer once the slot is renewed: %v", err)
 	}
 	checkHonest(t, honest, marker)
+}
+
+// TestKeptClaimedThenDestroyedRenews: a restore that claimed the kept
+// slot finds its vGPU destroyed meanwhile (the teardown found nothing
+// kept to renew): the slot it gives back is renewed first, and the next
+// tenant gets none of the VRAM that was kept there.
+func TestKeptClaimedThenDestroyedRenews(t *testing.T) {
+	a, board, honest, marker, s, _ := keptScene(t, "fv-optimized")
+	base := a.layout.Slots[s.v.Slot.Index].VRAM
+	hold, _ := holdKept(t, a, s)
+	hold.Release() // called off: parked, its slot kept
+	to, kept, err := a.slotForRestore(s.v, nil)
+	if err != nil || !kept {
+		t.Fatalf("claim the kept slot: kept %v, %v", kept, err)
+	}
+	if err := a.Destroy(s.v, "the operator destroys it meanwhile"); err != nil {
+		t.Logf("destroy: %v", err)
+	}
+	a.freeClaimed(to.Index, kept) // the restore finds it dead
+	if r, err := board.VRAMResidentRanges(base.Base, base.Size); err != nil || len(r) != 0 {
+		t.Fatalf("the slot given back holds %d ranges of the destroyed vGPU's VRAM (%v)", len(r), err)
+	}
+	if err := startSavableErr(a, 9, "newcomer"); err != nil {
+		t.Fatalf("a newcomer after the slot was renewed: %v", err)
+	}
+	checkHonest(t, honest, marker)
+}
+
+// TestSaveOfKeptParkedCarriesVRAM: a vGPU parked with its VRAM kept (a
+// handoff called off) and then saved: the image carries that VRAM (it
+// leaves the daemon), and the kept slot goes once it is copied out.
+func TestSaveOfKeptParkedCarriesVRAM(t *testing.T) {
+	a, board, _, _, s, _ := keptScene(t, "fv-optimized")
+	base := a.layout.Slots[s.v.Slot.Index].VRAM
+	hold, _ := holdKept(t, a, s)
+	hold.Release()
+	before, err := board.VRAMResidentRanges(base.Base, base.Size)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("nothing resident in the kept slot: %v", err)
+	}
+	var img bytes.Buffer
+	if _, err := a.Save(context.Background(), s.v, &img, false); err != nil {
+		t.Fatal(err)
+	}
+	m, err := vgpuimage.Decode(bytes.NewReader(img.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Pages) == 0 {
+		t.Fatalf("the saved image of a vGPU whose VRAM was kept carries no pages (%d ranges were resident)", len(before))
+	}
+	if k := a.KeptSlots(); len(k) != 0 {
+		t.Fatalf("slots still kept after the save: %+v", k)
+	}
+}
+
+// TestHoldNamesTheBoardItParksOn: a vGPU moved to another board after
+// it was listed on the first is held where it is, and the hold names that
+// board: the slot it keeps is that board's.
+func TestHoldNamesTheBoardItParksOn(t *testing.T) {
+	a, b, _, _ := twoBoards(t, 2)
+	startGuestAs(t, b, 41, "filler", "fv-optimized")
+	s := startSavable(t, a, 5, "mover", "fv-optimized")
+	verifiedWork(t, s.guestVM)
+	if _, err := Move(context.Background(), s.v, b); err != nil {
+		t.Fatal(err)
+	}
+	var img bytes.Buffer
+	hold, err := a.Hold(context.Background(), s.v, &img, true) // listed on a
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Release()
+	if hold.Board != "b" || len(b.KeptSlots()) != 1 || b.KeptSlots()[0].Slot != hold.Kept || len(a.KeptSlots()) != 0 {
+		t.Fatalf("hold names board %q slot %d; kept on a %+v, on b %+v", hold.Board, hold.Kept, a.KeptSlots(), b.KeptSlots())
+	}
 }

@@ -309,7 +309,7 @@ func (a *Aggregator) stopAndCopy(ctx context.Context, m *migration, sw *vgpuimag
 		return fmt.Errorf("parking it: %w", err)
 	}
 	st.PauseNs = ev.Took
-	img, err := v.capture()
+	img, err := v.capture(true)
 	if err != nil {
 		return err
 	}

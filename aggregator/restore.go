@@ -490,7 +490,7 @@ func (v *VGPU) applyPV(p *vgpuimage.PV, ev *evictImage) error {
 func (a *Aggregator) restoreNow(v *VGPU) (EvictStats, error) {
 	v.restoreMu.Lock()
 	defer v.restoreMu.Unlock()
-	to, err := a.slotForRestore(v, func() (Slot, error) {
+	to, kept, err := a.slotForRestore(v, func() (Slot, error) {
 		if a.opts.Overcommit > 1 {
 			return a.roomFor(context.Background(), v, -1)
 		}
@@ -502,7 +502,7 @@ func (a *Aggregator) restoreNow(v *VGPU) (EvictStats, error) {
 	v.mu.Lock()
 	if v.dead || v.image == nil || v.agg != a {
 		v.mu.Unlock()
-		a.freeHeld(to.Index)
+		a.freeClaimed(to.Index, kept)
 		return EvictStats{}, ErrDetached
 	}
 	st, err := v.restoreOn(a, to)

@@ -135,7 +135,7 @@ func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bo
 		return st, nil, fmt.Errorf("save: %w", err)
 	}
 	st.Pause = ev.Took
-	img, err := v.capture()
+	img, err := v.capture(true)
 	if err != nil {
 		return st, nil, fmt.Errorf("save vGPU %d: %w", v.ID, err)
 	}
@@ -199,9 +199,11 @@ func (h *SaveHold) release(commit bool) bool {
 	return done
 }
 
-// capture copies parked v's state into an image. Called with
-// v.restoreMu held.
-func (v *VGPU) capture() (*vgpuimage.Image, error) {
+// capture copies parked v's state into an image. With carryVRAM, VRAM
+// it keeps in its slot (keep.go) is copied out into the image first and
+// the slot let go: an image that leaves the daemon carries it. Called
+// with v.restoreMu held.
+func (v *VGPU) capture(carryVRAM bool) (*vgpuimage.Image, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.dead {
@@ -209,6 +211,11 @@ func (v *VGPU) capture() (*vgpuimage.Image, error) {
 	}
 	if v.image == nil {
 		return nil, errors.New("not parked")
+	}
+	if carryVRAM {
+		if err := v.unkeep(v.agg); err != nil {
+			return nil, err
+		}
 	}
 	m := &vgpuimage.Image{Identity: vgpuimage.Identity{
 		Mode: v.Guest.Mode, Profile: v.profile, Name: v.Guest.Name, DomID: v.Guest.DomID,

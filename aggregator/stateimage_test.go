@@ -123,6 +123,13 @@ func savedScene(t *testing.T, mode string, domid uint32, name string) (src, dst 
 	dst, _ = newTestAggregator(t, 2)
 	honest, marker = honestBeside(t, dst)
 	s = startSavable(t, src, domid, name, mode)
+	return src, dst, honest, marker, s, s.computing(t)
+}
+
+// computing runs s's verified work and opens a context that ran a madd:
+// what its guest must go on from after a save, a move or a handoff.
+func (s *savedGuest) computing(t *testing.T) *gdev.Context {
+	t.Helper()
 	verifiedWork(t, s.guestVM)
 	ctx, err := gdev.NewContext(s.dev)
 	if err != nil {
@@ -132,7 +139,20 @@ func savedScene(t *testing.T, mode string, domid uint32, name string) (src, dst 
 	if err := maddOnce(ctx, 16); err != nil {
 		t.Fatal(err)
 	}
-	return src, dst, honest, marker, s, ctx
+	return ctx
+}
+
+// goesOn points s's guest at nv, the vGPU it was restored as (its device
+// model reconnected), and checks that it goes on there: a madd in ctx,
+// the context it opened before (what), then its verified work.
+func (s *savedGuest) goesOn(t *testing.T, nv *VGPU, ctx *gdev.Context, what string) {
+	t.Helper()
+	s.port.v.Store(nv)
+	s.v = nv
+	if err := maddOnce(ctx, 16); err != nil {
+		t.Fatalf("madd in the context opened before the %s: %v", what, err)
+	}
+	verifiedWork(t, s.guestVM)
 }
 
 // TestSaveRestoreOnAnotherDaemon: a VM runs verified madd and cpy, with a
@@ -158,12 +178,7 @@ func TestSaveRestoreOnAnotherDaemon(t *testing.T) {
 			if len(dst.Restores()) != 0 || nv.Evicted() {
 				t.Fatal("the image was not taken by the device model's attach, or the vGPU is still parked")
 			}
-			s.port.v.Store(nv)
-			s.v = nv
-			if err := maddOnce(ctx, 16); err != nil {
-				t.Fatalf("madd in the context opened before the save: %v", err)
-			}
-			verifiedWork(t, s.guestVM)
+			s.goesOn(t, nv, ctx, "save")
 			if c := nv.Counters(); c.Denied != 0 {
 				t.Fatalf("the restored guest had %d accesses denied", c.Denied)
 			}

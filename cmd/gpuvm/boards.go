@@ -46,7 +46,7 @@ func newHost(c *cli.Context, cfg config.Config, log *slog.Logger, inh *inherited
 		// Over the VRAM a previous process of this daemon handed over
 		// (handoff_vram.go), or new.
 		board, err := inh.newSimBoard(e.Name, sim.Config{VRAMSize: uint64(e.VRAM), Channels: e.Channels, MemPartitions: e.MemPartitions,
-			Timing: timing, VRAMSegments: segs})
+			Timing: timing, VRAMSegments: segs}, len(layout.Slots), log)
 		if err != nil {
 			return nil, err
 		}

@@ -264,7 +264,7 @@ func holdOne(ctx context.Context, b *host.Board, v *aggregator.VGPU, keepVRAM bo
 		f.Close()
 		return heldVGPU{}, err
 	}
-	return heldVGPU{board: b.Name, hold: hold, image: f}, nil
+	return heldVGPU{board: hold.Board, hold: hold, image: f}, nil
 }
 
 // giveBack lets the held vGPUs go on here after a handoff that did not

@@ -32,6 +32,8 @@ type inherited struct {
 	// (§15.3); adopted, the boards built over them.
 	vram    map[string][]*os.File
 	adopted map[string]bool
+	// keptSlots are the slots of each adopted board kept for an image.
+	keptSlots map[string][]int
 }
 
 // inheritHandoff takes over what the previous process of this PID handed
@@ -83,7 +85,7 @@ func inheritHandoff() (*inherited, error) {
 		errs = append(errs, err)
 		in.images = append(in.images, f)
 	}
-	in.vram, in.adopted = map[string][]*os.File{}, map[string]bool{}
+	in.vram, in.adopted, in.keptSlots = map[string][]*os.File{}, map[string]bool{}, map[string][]int{}
 	for _, b := range in.m.Boards {
 		if _, dup := in.vram[b.Name]; dup {
 			errs = append(errs, fmt.Errorf("handoff manifest: board %s twice", b.Name))
@@ -150,6 +152,7 @@ func (in *inherited) register(h *host.Host, log *slog.Logger) {
 		log.Info("handoff: vGPU image waits for its device model", "domid", g.DomID, "name", g.Name, "board", g.Board, "bytes", g.Bytes,
 			"vram_in_place", g.Kept != nil && in.adopted[g.Board])
 	}
+	in.renewUnclaimed(h, log)
 	in.closeVRAM()
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 
@@ -32,7 +33,7 @@ import (
 // VRAM bytes in segments of sizes — and the slots whose VRAM is kept
 // there, if the previous process handed that board's VRAM over and its
 // shape is the same; ok false: build it afresh.
-func (in *inherited) adoptVRAM(name string, vram uint64, sizes []uint64) (files []*os.File, kept map[int]bool, ok bool) {
+func (in *inherited) adoptVRAM(name string, vram uint64, sizes []uint64, slots int) (files []*os.File, kept map[int]bool, ok bool) {
 	if in == nil {
 		return nil, nil, false
 	}
@@ -57,7 +58,7 @@ func (in *inherited) adoptVRAM(name string, vram uint64, sizes []uint64) (files 
 			continue
 		}
 		seg := g.Kept.Segment
-		if g.Kept.Slot < 0 || seg != aggregator.SlotSegment(g.Kept.Slot) || seg >= len(sizes) || kept[seg] {
+		if g.Kept.Slot < 0 || g.Kept.Slot >= slots || seg != aggregator.SlotSegment(g.Kept.Slot) || seg >= len(sizes) || kept[seg] {
 			return nil, nil, false // not this layout's slot: read out, not kept
 		}
 		kept[seg] = true
@@ -65,17 +66,19 @@ func (in *inherited) adoptVRAM(name string, vram uint64, sizes []uint64) (files 
 	return files, kept, true
 }
 
-// newSimBoard builds a board of cfg: over the VRAM the previous process
-// handed over if adoptVRAM allows, with every segment not kept for a vGPU
-// renewed; else afresh.
-func (in *inherited) newSimBoard(name string, cfg sim.Config) (*sim.Board, error) {
-	files, kept, ok := in.adoptVRAM(name, cfg.VRAMSize, cfg.VRAMSegments)
+// newSimBoard builds a board of cfg with slots slots: over the VRAM the
+// previous process handed over if adoptVRAM allows, with every segment not
+// kept for a vGPU renewed; else — or if that fails — afresh (the kept VRAM
+// is then read out into the images).
+func (in *inherited) newSimBoard(name string, cfg sim.Config, slots int, log *slog.Logger) (*sim.Board, error) {
+	files, kept, ok := in.adoptVRAM(name, cfg.VRAMSize, cfg.VRAMSegments, slots)
 	if !ok {
 		return sim.New(cfg)
 	}
 	b, err := sim.NewOver(cfg, files)
 	if err != nil {
-		return nil, fmt.Errorf("board %s over the VRAM handed over: %w", name, err)
+		log.Warn("handoff: the board's VRAM handed over is unusable: built afresh, the kept VRAM read out into the images", "board", name, "err", err)
+		return sim.New(cfg)
 	}
 	var base uint64
 	for i, n := range cfg.VRAMSegments {
@@ -87,7 +90,28 @@ func (in *inherited) newSimBoard(name string, cfg sim.Config) (*sim.Board, error
 		base += n
 	}
 	in.adopted[name] = true
+	for seg := range kept {
+		in.keptSlots[name] = append(in.keptSlots[name], seg-aggregator.SlotSegment(0))
+	}
 	return b, nil
+}
+
+// renewUnclaimed renews every slot an adopted board kept for a vGPU whose
+// image was not registered there (refused before it got to its slot: a
+// format the new binary does not read, a truncated memfd): no VM's VRAM
+// stays in a slot another may be given.
+func (in *inherited) renewUnclaimed(h *host.Host, log *slog.Logger) {
+	for name, slots := range in.keptSlots {
+		b := h.Board(name)
+		if b == nil {
+			continue
+		}
+		for _, slot := range slots {
+			if err := b.Agg.RenewUnclaimed(slot); err != nil {
+				log.Error("handoff: renewing a slot no image claimed", "board", name, "slot", slot, "err", err)
+			}
+		}
+	}
 }
 
 // registerOne registers g's image, read from r: in place when its VRAM is
