@@ -24,18 +24,20 @@ import (
 
 // HandoffReason is the Bye of a vGPU handed to a new daemon process. It
 // begins ipc.ByeSaved: the device model resumes (docs/protocol.md §13.7).
-const HandoffReason = ipc.ByeSaved + "the daemon is restarting (gpuvm serve handoff); the vGPU resumes on the new process"
+const HandoffReason = ipc.ByeHandoff + "; the vGPU resumes on the new process"
 
 // HandoffBlocker says why v cannot be handed to a new daemon process, or
 // "" if it can: a pvdrm vGPU's back-end state is not serialized
-// (ErrSaveUnsupported), and the device model of a Xen domain's RAM (gpuvm
-// xl's, QEMU's) does not resume after a saved Bye.
+// (ErrSaveUnsupported), and a Xen domain's device model that did not say
+// it resumes after a handoff (its Hello's ResumesHandoff: gpuvm xl's
+// does; QEMU's device does not yet) would leave its domain without its
+// device.
 func HandoffBlocker(v *VGPU) string {
 	switch {
 	case config.Mode(v.Guest.Mode).IsPVDRM():
 		return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU, whose back end's state is not saved", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
-	case v.Guest.XenRAM:
-		return fmt.Sprintf("vGPU %d (%s, domid %d) has a Xen device model, which does not resume after a save", v.ID, v.Guest.Name, v.Guest.DomID)
+	case v.Guest.XenRAM && !v.Guest.ResumesHandoff:
+		return fmt.Sprintf("vGPU %d (%s, domid %d) has a Xen device model that does not resume after a handoff", v.ID, v.Guest.Name, v.Guest.DomID)
 	}
 	return ""
 }

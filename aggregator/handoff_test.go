@@ -80,8 +80,9 @@ func TestHandoffHoldCommit(t *testing.T) {
 	checkHonest(t, honest, marker)
 }
 
-// TestHandoffBlocker: pvdrm vGPUs and Xen device models cannot be handed
-// over, and Hold refuses them before touching them.
+// TestHandoffBlocker: pvdrm vGPUs and Xen device models that do not
+// resume after a handoff cannot be handed over, and Hold refuses them
+// before touching them.
 func TestHandoffBlocker(t *testing.T) {
 	for _, g := range []Guest{{Name: "p", Mode: "pvdrm"}, {Name: "x", Mode: "fv-optimized", XenRAM: true}} {
 		if HandoffBlocker(&VGPU{Guest: g}) == "" {
@@ -90,6 +91,9 @@ func TestHandoffBlocker(t *testing.T) {
 	}
 	if why := HandoffBlocker(&VGPU{Guest: Guest{Name: "f", Mode: "fv-optimized"}}); why != "" {
 		t.Errorf("an fv-optimized vGPU of a memfd device model is blocked: %s", why)
+	}
+	if why := HandoffBlocker(&VGPU{Guest: Guest{Name: "x", Mode: "fv-optimized", XenRAM: true, ResumesHandoff: true}}); why != "" {
+		t.Errorf("a Xen device model that resumes after a handoff is blocked: %s", why)
 	}
 	src, _ := newTestAggregator(t, 2)
 	v := &VGPU{Guest: Guest{Name: "x", Mode: "fv-optimized", XenRAM: true}} // refused before anything of it is looked at

@@ -123,7 +123,8 @@ func (a *Aggregator) serveVM(ctx context.Context, p *ipc.Pending, elsewhere func
 		a.servePVDRM(ctx, p, log)
 		return
 	}
-	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen, PID: p.Peer().PID, Resume: h.Resume}
+	g := Guest{DomID: h.DomID, Name: h.Name, Mode: h.Mode, XenRAM: h.RAMSource == ipc.RAMXen, PID: p.Peer().PID, Resume: h.Resume,
+		ResumesHandoff: h.ResumesHandoff}
 	var v *VGPU
 	var err error
 	if h.RAMSource == ipc.RAMXen {

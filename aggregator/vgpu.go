@@ -32,6 +32,9 @@ type Guest struct {
 	// (ipc.Hello.Resume): only a state image waiting for DomID may give
 	// it a vGPU, never a fresh one its guest's driver does not know.
 	Resume bool
+	// ResumesHandoff: the device model comes back by itself after a
+	// handoff's Bye (ipc.Hello.ResumesHandoff).
+	ResumesHandoff bool
 }
 
 // vchan is the aggregator's view of one guest channel.

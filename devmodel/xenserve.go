@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"strconv"
+	"time"
 
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/xen/ioreq"
@@ -37,6 +38,13 @@ type XenConfig struct {
 	// Resume sends a resuming Hello (docs/protocol.md §13.7): the vGPU
 	// comes back from the state image waiting for the domain.
 	Resume bool
+	// ResumeTimeout, when positive, keeps the device model across a
+	// handoff of the daemon (docs/protocol.md §15): after the handoff's
+	// Bye it waits this long for the new process to welcome its resuming
+	// Hello, the guest's accesses waiting meanwhile (xenresume.go). Zero:
+	// the device model ends with the connection, and a daemon refuses to
+	// hand off while it serves.
+	ResumeTimeout time.Duration
 	// XenDir holds privcmd and evtchn ("" = /dev/xen).
 	XenDir string
 	// Spin is how many times the aggregator connection polls for a reply
@@ -63,7 +71,7 @@ type IoreqServer interface {
 // connection (whose guest RAM is the domain's own, ipc.RAMXen), the
 // domain's ioreq server, and the router between them.
 type XenModel struct {
-	client  *ipc.Client
+	backend *xenBackend // the aggregator connection, resumed after a handoff
 	welcome ipc.Welcome
 	router  *XenRouter
 	srv     IoreqServer
@@ -78,8 +86,9 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	cfg.Logger = log
 	hello := ipc.Hello{DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, RAMSize: cfg.RAMSize,
-		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen, Resume: cfg.Resume}
+		Transport: ipc.TransportShm, RAMSource: ipc.RAMXen, Resume: cfg.Resume, ResumesHandoff: cfg.ResumeTimeout > 0}
 	spin := cfg.Spin
 	if spin == 0 {
 		spin = -1
@@ -94,7 +103,9 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	for _, f := range extra {
 		f.Close()
 	}
-	m = &XenModel{client: client, welcome: w, log: log}
+	hello.Resume = false // a resume after a handoff sets it again
+	m = &XenModel{backend: &xenBackend{cfg: cfg, hello: hello, was: w, closing: make(chan struct{})}, welcome: w, log: log}
+	m.backend.cur.Store(client)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, m.Close())
@@ -112,8 +123,8 @@ func StartXen(ctx context.Context, cfg XenConfig) (m *XenModel, err error) {
 	if err != nil {
 		return nil, err
 	}
-	cs.SetFLR(func() error { return resetOverIPC(client) }) // the guest's function-level reset
-	m.router = NewXenRouterSpace(cfg.Device, cs, client, log)
+	cs.SetFLR(m.backend.reset) // the guest's function-level reset
+	m.router = NewXenRouterSpace(cfg.Device, cs, m.backend, log)
 	open := cfg.OpenServer
 	if open == nil {
 		open = func(c ioreq.Config) (IoreqServer, error) {
@@ -162,7 +173,8 @@ func aperture(w ipc.Welcome, key string) (uint64, error) {
 
 // Serve serves the domain's ioreqs until ctx ends, the ioreq server fails
 // (the domain is gone), or the aggregator ends the connection (the vGPU
-// was destroyed). It says which.
+// was destroyed, or saved) and no resume follows (ResumeTimeout: a
+// handoff's Bye). It says which.
 //
 // Virtual interrupts are not delivered to a Xen guest yet: the aggregator
 // raises them on this connection too (m.client.InterruptsOffered), and
@@ -177,10 +189,24 @@ func (m *XenModel) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
-		select {
-		case <-m.client.Done():
-			cancel(fmt.Errorf("the aggregator ended the vGPU: %w", m.client.Err()))
-		case <-ctx.Done():
+		for {
+			c := m.backend.client()
+			select {
+			case <-c.Done():
+				// A handoff's Bye: resume now, not at the guest's next
+				// access (the new process's image waits a bounded time).
+				if m.backend.resumeAfter(c, c.Err()) {
+					continue
+				}
+				err := c.Err()
+				if rerr := m.backend.err(); rerr != nil {
+					err = fmt.Errorf("%w: %w", errResumeFailed, rerr)
+				}
+				cancel(fmt.Errorf("the aggregator ended the vGPU: %w", err))
+				return
+			case <-ctx.Done():
+				return
+			}
 		}
 	}()
 	err := m.srv.Serve(ctx)
@@ -199,13 +225,17 @@ func (m *XenModel) Placements() []BARPlacement { return m.router.ConfigSpace().P
 // Stats returns the ioreq server's counters.
 func (m *XenModel) Stats() ioreq.Stats { return m.srv.Stats() }
 
+// Resumes is how many times the device model resumed after a handoff.
+func (m *XenModel) Resumes() int { return int(m.backend.resumes.Load()) }
+
 // Close destroys the ioreq server and ends the aggregator connection,
 // which tears the vGPU down.
 func (m *XenModel) Close() error {
 	var errs []error
+	m.backend.close()
 	if m.srv != nil {
 		errs = append(errs, m.srv.Close())
 	}
-	errs = append(errs, m.client.Close())
+	errs = append(errs, m.backend.client().Close())
 	return errors.Join(errs...)
 }

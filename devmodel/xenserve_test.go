@@ -115,6 +115,7 @@ type trappedMMIO struct {
 	x     *ioreqtest.Xen
 	place map[int]devmodel.BARPlacement
 	traps map[[2]int]int // {BAR, write} → traps
+	dead  bool           // an access failed: the rest read all-ones at once
 }
 
 func (m *trappedMMIO) req(bar int, off uint64, write bool, v uint32) uint32 {
@@ -124,16 +125,22 @@ func (m *trappedMMIO) req(bar int, off uint64, write bool, v uint32) uint32 {
 	}
 	m.traps[[2]int{bar, w}]++
 	p, ok := m.place[bar]
-	if !ok || !p.Enabled {
+	if !ok || !p.Enabled || m.dead {
 		return 0xFFFFFFFF
 	}
 	kind := ioreq.KindMMIO
 	if p.IO {
 		kind = ioreq.KindPIO
 	}
-	got, err := m.x.Access(context.Background(), ioreq.Request{Kind: kind, Addr: p.Base + off, Size: 4, Write: write, Data: uint64(v)})
+	// Bounded: with no device model serving (a test failing), the guest's
+	// access fails instead of hanging the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got, err := m.x.Access(ctx, ioreq.Request{Kind: kind, Addr: p.Base + off, Size: 4, Write: write, Data: uint64(v)})
 	if err != nil {
 		m.t.Errorf("BAR%d %#x: %v", bar, off, err)
+		m.dead = true
+		return 0xFFFFFFFF
 	}
 	return uint32(got)
 }

@@ -286,7 +286,7 @@ func TestHandshakeValidation(t *testing.T) {
 		{"mode charset", enc(func(h *Hello) { h.Mode = "FV naive" }, 0), []int{ram}, "mode byte 0"},
 		{"mode too long", patch(enc(nil, 0), 25, 33), []int{ram}, "mode length 33"},
 		{"reserved", patch(enc(nil, 0), 29, 1), []int{ram}, "reserved"},
-		{"unknown flag", patch(enc(nil, 0), 28, 2), []int{ram}, "unknown flags 0x2"},
+		{"unknown flag", patch(enc(nil, 0), 28, 4), []int{ram}, "unknown flags 0x4"},
 		{"ram not page multiple", enc(func(h *Hello) { h.RAMSize = 1<<20 + 1 }, 0), []int{ram}, "RAM size"},
 		{"ram too small", enc(func(h *Hello) { h.RAMSize = 4096 }, 0), []int{ram}, "RAM size 4096"},
 		{"ram too large", enc(func(h *Hello) { h.RAMSize = 128 << 30 }, 0), []int{ram}, "RAM size"},

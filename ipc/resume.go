@@ -18,6 +18,18 @@ import (
 // saved to a state image.
 const ByeSaved = "vgpu-saved: "
 
+// ByeHandoff begins the reason of the Bye sent to the device model of a
+// vGPU handed to a new process of the daemon (docs/protocol.md §15): a
+// saved Bye (it begins ByeSaved) whose image waits on the same socket.
+const ByeHandoff = ByeSaved + "the daemon is restarting (gpuvm serve handoff)"
+
+// IsHandoffBye reports whether err is a Bye saying that the daemon handed
+// the vGPU to a new process of itself (its reason begins ByeHandoff).
+func IsHandoffBye(err error) bool {
+	var b *ByeError
+	return errors.As(err, &b) && strings.HasPrefix(b.Reason, ByeHandoff)
+}
+
 // RejectNoImage begins the reason of the Reject of a Hello with Resume set
 // when no state image waits for its domain (yet).
 const RejectNoImage = "no-image: "

@@ -22,11 +22,18 @@ func TestHelloResumeFlag(t *testing.T) {
 	if got, _, err := decodeHello(encodeHello(&h, 0)); err != nil || got.Resume {
 		t.Fatalf("decode without the flag: %+v, %v", got, err)
 	}
+	h.ResumesHandoff = true
+	if b := encodeHello(&h, 0); b[28] != HelloResumesHandoff {
+		t.Fatalf("flags byte %#x, want %#x", b[28], HelloResumesHandoff)
+	}
+	if got, _, err := decodeHello(encodeHello(&h, 0)); err != nil || got.Resume || !got.ResumesHandoff {
+		t.Fatalf("decode with resumes-handoff: %+v, %v", got, err)
+	}
 	for _, c := range []struct {
 		off  int
 		val  byte
 		want string
-	}{{28, 2, "unknown flags 0x2"}, {28, 0x81, "unknown flags 0x80"}, {29, 1, "reserved bytes 29..31"}, {31, 1, "reserved bytes 29..31"}} {
+	}{{28, 4, "unknown flags 0x4"}, {28, 0x81, "unknown flags 0x80"}, {29, 1, "reserved bytes 29..31"}, {31, 1, "reserved bytes 29..31"}} {
 		bad := encodeHello(&h, 0)
 		bad[c.off] = c.val
 		if _, _, err := decodeHello(bad); err == nil || !strings.Contains(err.Error(), c.want) {

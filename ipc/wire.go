@@ -145,11 +145,22 @@ type Hello struct {
 	// server refuses it with a reason beginning RejectNoImage, never
 	// with a fresh vGPU its guest's driver does not know.
 	Resume bool
+	// ResumesHandoff says the device model comes back by itself, with a
+	// resuming Hello, after a Bye that says the daemon is handing off
+	// (ByeHandoff; Hello flag HelloResumesHandoff, docs/protocol.md §15):
+	// a daemon whose vGPUs' device models keep their guests only if they
+	// reconnect (a Xen domain's) hands them off only then.
+	ResumesHandoff bool
 }
 
 // HelloResume is bit 0 of the Hello's flags byte (offset 28): Hello.Resume.
-// The other bits are reserved and must be 0.
-const HelloResume = 1 << 0
+// HelloResumesHandoff is bit 1: Hello.ResumesHandoff. The other bits are
+// reserved and must be 0.
+const (
+	HelloResume         = 1 << 0
+	HelloResumesHandoff = 1 << 1
+	helloFlags          = HelloResume | HelloResumesHandoff
+)
 
 // Welcome is the aggregator's acceptance of a Hello.
 type Welcome struct {
@@ -508,7 +519,10 @@ func encodeHello(h *Hello, nExtra int) []byte {
 	b[26] = byte(nExtra)
 	b[27] = byte(h.RAMSource)
 	if h.Resume {
-		b[28] = HelloResume
+		b[28] |= HelloResume
+	}
+	if h.ResumesHandoff {
+		b[28] |= HelloResumesHandoff
 	}
 	copy(b[32:32+MaxNameLen], h.Name)
 	copy(b[96:96+MaxModeLen], h.Mode)
@@ -528,10 +542,12 @@ func decodeHello(b []byte) (Hello, int, error) {
 		RAMSize:   le.Uint64(b[16:]),
 		RAMSource: RAMSource(b[27]),
 		Resume:    b[28]&HelloResume != 0,
+
+		ResumesHandoff: b[28]&HelloResumesHandoff != 0,
 	}
 	nameLen, modeLen, nExtra := int(b[24]), int(b[25]), int(b[26])
-	if b[28]&^HelloResume != 0 {
-		return Hello{}, 0, fmt.Errorf("hello: unknown flags %#x (only %#x, resume, is defined)", b[28]&^HelloResume, HelloResume)
+	if b[28]&^helloFlags != 0 {
+		return Hello{}, 0, fmt.Errorf("hello: unknown flags %#x (only %#x, resume, and %#x, resumes after a handoff, are defined)", b[28]&^helloFlags, HelloResume, HelloResumesHandoff)
 	}
 	if b[29] != 0 || b[30] != 0 || b[31] != 0 {
 		return Hello{}, 0, fmt.Errorf("hello: reserved bytes 29..31 not zero")

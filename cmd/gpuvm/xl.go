@@ -22,7 +22,6 @@ import (
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/bench"
-	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/host"
 	"github.com/gpuvm/gpuvm/ipc"
@@ -56,15 +55,10 @@ func xlCommand() *cli.Command {
 				"device model: the aggregator creates the domain's pvdrm device in xenstore and serves its\n" +
 				"back end (the ring and the GART heap the guest grants; gpuvm guest --mode pvdrm in the\n" +
 				"guest is the front end), and this command watches the domain until it goes.",
-			Flags: []cli.Flag{
-				&cli.PathFlag{Name: "socket", Value: config.Default().Daemon.Socket, Usage: "the aggregator's device-model socket"},
-				&cli.PathFlag{Name: "control-socket", Value: config.Default().Daemon.ControlSocket, Usage: "the aggregator's control socket"},
-				&cli.StringFlag{Name: "xl", Value: "xl", Usage: "the xl program"},
-				&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "where privcmd and evtchn are"},
+			Flags: append(xlDaemonFlags(),
 				&cli.StringFlag{Name: "pci", Value: "0000:00:05.0", Usage: "the vGPU's PCI function in the guest"},
-				&cli.IntFlag{Name: "ipc-spin", Usage: "polls of the aggregator connection before sleeping (0: never; a spinning dom0 vCPU holds the CPU the trapped guest waits for)"},
 				&cli.StringFlag{Name: "bars", Value: "0xe0000000,0xc000", Usage: "PVH guests: where to place the memory BARs (from this guest-physical address up) and the I/O BAR (port)"},
-			},
+				xlResumeFlag()),
 			Action: runXLCreate,
 		}, xlSaveCommand(), xlRestoreCommand()},
 	}
@@ -213,7 +207,8 @@ func serveXenVGPU(ctx context.Context, c *cli.Context, rec xlSaveRecord, domid u
 	}
 	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: c.Path("socket"), DomID: domid, Name: rec.Name,
 		Mode: rec.Mode, RAMSize: rec.RAMSpan, Device: st.sbdf, PlaceMem: st.placeMem, PlaceIO: st.placeIO, Placements: st.placements,
-		Resume: st.resume, OnPlacements: publish, XenDir: c.Path("xen-dir"), Spin: c.Int("ipc-spin"), Logger: log})
+		Resume: st.resume, OnPlacements: publish, XenDir: c.Path("xen-dir"), Spin: c.Int("ipc-spin"), Logger: log,
+		ResumeTimeout: c.Duration("resume-timeout")})
 	if err != nil {
 		destroy("no device model")
 		return &exitError{code: exitFailure, err: noDaemonHint(err, "gpuvm serve --xen", "--socket")}

@@ -92,6 +92,12 @@ func xlDaemonFlags() []cli.Flag {
 	}
 }
 
+// xlResumeFlag is the device model's wait across a daemon handoff
+// (gpuvm xl create and restore serve one).
+func xlResumeFlag() cli.Flag {
+	return &cli.DurationFlag{Name: "resume-timeout", Value: defaultResumeTimeout, Usage: "when gpuvm serve hands off to a new process of itself (systemctl reload gpuvm), keep the domain's device and wait this long for the new process to give its vGPU back; the guest's accesses wait meanwhile (docs/protocol.md §15). 0: the device model ends with the connection, and the daemon refuses to hand off while it serves"}
+}
+
 func xlSaveCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "save",
@@ -238,7 +244,7 @@ func xlRestoreCommand() *cli.Command {
 			"The guest's driver and its work go on where the save left them. Any failure destroys the\n" +
 			"new domain; FILE and its side files stay for another try.\n\n" +
 			"Exit status as gpuvm xl create: 0 when the domain goes; 1 on failure; 2 for bad arguments.",
-		Flags:  xlDaemonFlags(),
+		Flags:  append(xlDaemonFlags(), xlResumeFlag()),
 		Action: runXLRestore,
 	}
 }
