@@ -14,9 +14,6 @@ import (
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
 	"github.com/gpuvm/gpuvm/guest-driver/workloads"
 	"github.com/gpuvm/gpuvm/vgpuimage"
-	"github.com/gpuvm/gpuvm/xen/ioreq"
-	"github.com/gpuvm/gpuvm/xen/ioreq/ioreqtest"
-	"github.com/gpuvm/gpuvm/xen/privcmd"
 )
 
 // TestXenDeviceModelResumesAfterHandoff: a Xen domain's device model
@@ -29,21 +26,11 @@ import (
 // model without the timeout blocks the handoff.
 func TestXenDeviceModelResumesAfterHandoff(t *testing.T) {
 	h := newXenHost(t, true)
-	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
 	const dom = 31
 	mem := h.domain(t, dom, 64<<20)
-	x, err := ioreqtest.New(1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom, Name: "xen-handoff", Mode: "fv-optimized",
-		RAMSize: mem.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000, ResumeTimeout: time.Minute,
-		OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) { return ioreq.NewServer(x.Page(), x.Notifiers(), c) }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, x := h.startXenDM(ctx, t, dom, "xen-handoff", "fv-optimized", mem, time.Minute)
 	defer m.Close()
 	served := make(chan error, 1)
 	go func() { served <- m.Serve(ctx) }()
@@ -132,18 +119,7 @@ func TestXenDeviceModelResumesAfterHandoff(t *testing.T) {
 	// A device model that does not resume blocks a handoff.
 	const dom2 = 32
 	mem2 := h.domain(t, dom2, 64<<20)
-	x2, err := ioreqtest.New(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m2, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom2, Name: "xen-stays", Mode: "fv-optimized",
-		RAMSize: mem2.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000,
-		OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) {
-			return ioreq.NewServer(x2.Page(), x2.Notifiers(), c)
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m2, _ := h.startXenDM(ctx, t, dom2, "xen-stays", "fv-optimized", mem2, 0)
 	defer m2.Close()
 	for _, u := range h.agg.VGPUs() {
 		if u.Guest.DomID == dom2 && aggregator.HandoffBlocker(u) == "" {

@@ -108,6 +108,25 @@ func (h *xenHost) domain(t *testing.T, dom uint32, size uint64) *hostmem.RAM {
 	return ram
 }
 
+// startXenDM starts the device model of domain dom (its memory mem) over
+// a new in-memory hypervisor, the BARs placed as for a PVH guest; resume
+// is its XenConfig.ResumeTimeout.
+func (h *xenHost) startXenDM(ctx context.Context, t *testing.T, dom uint32, name, mode string, mem *hostmem.RAM, resume time.Duration) (*devmodel.XenModel, *ioreqtest.Xen) {
+	t.Helper()
+	x, err := ioreqtest.New(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
+	m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom, Name: name, Mode: mode,
+		RAMSize: mem.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000, ResumeTimeout: resume,
+		OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) { return ioreq.NewServer(x.Page(), x.Notifiers(), c) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, x
+}
+
 // trappedMMIO is the guest's side: each register access is one ioreq
 // through the in-memory hypervisor, at the address the BARs were placed.
 type trappedMMIO struct {
@@ -175,23 +194,13 @@ func (m *trappedMMIO) Write32(bar int, off uint64, v uint32) { m.req(bar, off, t
 // I/O BAR's ports) verify madd; destroying the vGPU ends the device model.
 func TestXenDeviceModelEndToEnd(t *testing.T) {
 	h := newXenHost(t, true)
-	dev, _ := privcmd.MakeSBDF(0, 0, 5, 0)
 	for i, mode := range []string{"fv-optimized", "pv-multicall"} {
 		t.Run(mode, func(t *testing.T) {
 			dom := uint32(11 + i)
 			mem := h.domain(t, dom, 64<<20)
-			x, err := ioreqtest.New(1)
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			m, err := devmodel.StartXen(ctx, devmodel.XenConfig{Socket: h.socket, DomID: dom, Name: "xen-" + mode, Mode: mode,
-				RAMSize: mem.Size(), Device: dev, PlaceMem: 0xE0000000, PlaceIO: 0xC000,
-				OpenServer: func(c ioreq.Config) (devmodel.IoreqServer, error) { return ioreq.NewServer(x.Page(), x.Notifiers(), c) }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, x := h.startXenDM(ctx, t, dom, "xen-"+mode, mode, mem, 0)
 			// Nothing can pass an aperture page through on Xen: no remap
 			// table is kept or offered, in either mode.
 			if r, ok := m.Welcome().Params[ipc.ParamRemap]; ok {
