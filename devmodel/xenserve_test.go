@@ -108,6 +108,24 @@ func (h *xenHost) domain(t *testing.T, dom uint32, size uint64) *hostmem.RAM {
 	return ram
 }
 
+// waitGone waits until domain dom has no vGPU on h (its detach runs
+// after its device model's connection ended).
+func (h *xenHost) waitGone(t *testing.T, dom uint32) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		gone := true
+		for _, v := range h.agg.VGPUs() {
+			gone = gone && v.Guest.DomID != dom
+		}
+		if gone {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("domain %d still has a vGPU a minute after its device model closed", dom)
+		}
+	}
+}
+
 // startXenDM starts the device model of domain dom (its memory mem) over
 // a new in-memory hypervisor, the BARs placed as for a PVH guest; resume
 // is its XenConfig.ResumeTimeout.
@@ -329,6 +347,7 @@ func TestXenDMAStaysInTheGuestsBuffers(t *testing.T) {
 			t.Logf("close: %v", err)
 		}
 		<-served
+		h.waitGone(t, dom) // the detach ends after the connection: the next mode's Hello names the same domain
 		for i := range b {
 			if (i < dmaBase || i >= dmaBase+dmaSize) && b[i] != byte(i*7+1) {
 				t.Fatalf("%s: guest RAM at %#x was written (%#x), outside the DMA range %#x+%#x", mode, i, b[i], dmaBase, dmaSize)
