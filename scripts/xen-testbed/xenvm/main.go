@@ -618,7 +618,11 @@ func (v *vm) runCmd(ctx context.Context, n int, cmd string, deadline time.Time) 
 	defer cancel()
 	printed := from
 	progress := func(upTo int) {
-		// Print whole lines as they arrive.
+		// Print whole lines as they arrive. A look while the output grew
+		// may have printed past where the marker is found later.
+		if upTo <= printed {
+			return
+		}
 		chunk := v.con.slice(printed, upTo)
 		if i := strings.LastIndexByte(chunk, '\n'); i >= 0 {
 			fmt.Print(xenLineRE.ReplaceAllString(chunk[:i+1], ""))
@@ -638,8 +642,10 @@ func (v *vm) runCmd(ctx context.Context, n int, cmd string, deadline time.Time) 
 		return xenLineRE.ReplaceAllString(v.con.slice(from, v.con.len()), ""), 0, err
 	}
 	progress(loc[0])
-	if rest := v.con.slice(printed, loc[0]); rest != "" {
-		fmt.Println(rest) // output without a final newline
+	if printed < loc[0] {
+		if rest := v.con.slice(printed, loc[0]); rest != "" {
+			fmt.Println(rest) // output without a final newline
+		}
 	}
 	rc, _ := strconv.Atoi(v.con.slice(loc[2], loc[3]))
 	return xenLineRE.ReplaceAllString(v.con.slice(from, loc[0]), ""), rc, nil
