@@ -8,7 +8,6 @@ import (
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/bench"
-	"github.com/gpuvm/gpuvm/devmodel"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
@@ -32,13 +31,8 @@ func TestXenDeviceModelResumesAfterHandoff(t *testing.T) {
 	defer cancel()
 	m, x := h.startXenDM(ctx, t, dom, "xen-handoff", "fv-optimized", mem, time.Minute)
 	defer m.Close()
-	served := make(chan error, 1)
-	go func() { served <- m.Serve(ctx) }()
-	place := map[int]devmodel.BARPlacement{}
-	for _, p := range m.Placements() {
-		place[p.Index] = p
-	}
-	mmio := &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
+	served, mmio := serveGuest(ctx, t, m, x)
+	place := mmio.place
 	drv, err := nouveau.Open(mmio, mem, nouveau.Options{BAR1Size: place[nvc0.BAR1].Size, BAR3Size: place[nvc0.BAR3].Size})
 	if err != nil {
 		t.Fatal(err)

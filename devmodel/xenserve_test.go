@@ -145,6 +145,18 @@ func (h *xenHost) startXenDM(ctx context.Context, t *testing.T, dom uint32, name
 	return m, x
 }
 
+// serveGuest serves m's ioreqs in the background (its end on served)
+// and returns the guest's side of its BARs, at the addresses m placed them.
+func serveGuest(ctx context.Context, t *testing.T, m *devmodel.XenModel, x *ioreqtest.Xen) (served chan error, mmio *trappedMMIO) {
+	served = make(chan error, 1)
+	go func() { served <- m.Serve(ctx) }()
+	place := map[int]devmodel.BARPlacement{}
+	for _, p := range m.Placements() {
+		place[p.Index] = p
+	}
+	return served, &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
+}
+
 // trappedMMIO is the guest's side: each register access is one ioreq
 // through the in-memory hypervisor, at the address the BARs were placed.
 type trappedMMIO struct {
@@ -224,16 +236,11 @@ func TestXenDeviceModelEndToEnd(t *testing.T) {
 			if r, ok := m.Welcome().Params[ipc.ParamRemap]; ok {
 				t.Errorf("Welcome offers remap (%q) to a Xen domain's device model", r)
 			}
-			served := make(chan error, 1)
-			go func() { served <- m.Serve(ctx) }()
-			place := map[int]devmodel.BARPlacement{}
-			for _, p := range m.Placements() {
-				place[p.Index] = p
-			}
+			served, mmio := serveGuest(ctx, t, m, x)
+			place := mmio.place
 			if p := place[nvc0.BAR3]; !p.Enabled || p.Size != 4<<20 || p.Base%p.Size != 0 {
 				t.Fatalf("BAR3 placed %+v: want the 4 MiB slice, aligned", p)
 			}
-			mmio := &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
 			drv, err := nouveau.Open(mmio, mem, nouveau.Options{BAR1Size: place[nvc0.BAR1].Size, BAR3Size: place[nvc0.BAR3].Size, PV: bench.DriverPVMode(mode)})
 			if err != nil {
 				t.Fatal(err)
@@ -322,13 +329,8 @@ func TestXenDMAStaysInTheGuestsBuffers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		served := make(chan error, 1)
-		go func() { served <- m.Serve(ctx) }()
-		place := map[int]devmodel.BARPlacement{}
-		for _, p := range m.Placements() {
-			place[p.Index] = p
-		}
-		mmio := &trappedMMIO{t: t, x: x, place: place, traps: map[[2]int]int{}}
+		served, mmio := serveGuest(ctx, t, m, x)
+		place := mmio.place
 		drv, err := nouveau.Open(mmio, dma, nouveau.Options{BAR1Size: place[nvc0.BAR1].Size, BAR3Size: place[nvc0.BAR3].Size, PV: bench.DriverPVMode(mode)})
 		if err != nil {
 			t.Fatal(err)
