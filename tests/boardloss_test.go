@@ -67,8 +67,11 @@ func TestBoardFallsOffTheBus(t *testing.T) {
 	}
 	// The victim's process has ended; its connection's end reaches the
 	// aggregator a moment later (under -race, a long one), and the lost
-	// vGPU goes with it.
-	for wait := time.Now().Add(30 * time.Second); (len(b.agg.VGPUs()) != 0 || reg.Len() != 1) && time.Now().Before(wait); {
+	// vGPU goes with it. The registry then holds board A's ids only: the
+	// honest VM's while it runs, none once it has finished (under a loaded
+	// CI it can finish before the victim's end is seen: CI found 0 ids).
+	onlyBoardA := func() bool { return reg.Len() == len(a.agg.VGPUs()) }
+	for wait := time.Now().Add(30 * time.Second); (len(b.agg.VGPUs()) != 0 || !onlyBoardA()) && time.Now().Before(wait); {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := len(b.agg.VGPUs()); n != 0 {
@@ -80,8 +83,8 @@ func TestBoardFallsOffTheBus(t *testing.T) {
 	if _, err := b.tryConnect("late", 13, "fv-optimized"); err == nil || !strings.Contains(err.Error(), "stopped answering") {
 		t.Errorf("a VM connecting to the lost board: %v", err)
 	}
-	if reg.Len() != 1 {
-		t.Errorf("the registry holds %d ids; only the honest VM's may remain", reg.Len())
+	if !onlyBoardA() {
+		t.Errorf("the registry holds %d ids, board a has %d vGPUs; only the honest VM's may remain", reg.Len(), len(a.agg.VGPUs()))
 	}
 
 	honest.verified(t)
