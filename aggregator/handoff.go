@@ -27,15 +27,26 @@ import (
 const HandoffReason = ipc.ByeHandoff + "; the vGPU resumes on the new process"
 
 // HandoffBlocker says why v cannot be handed to a new daemon process, or
-// "" if it can: a pvdrm vGPU's back-end state is not serialized
-// (ErrSaveUnsupported), and a Xen domain's device model that did not say
-// it resumes after a handoff (its Hello's ResumesHandoff: gpuvm xl's
-// does; QEMU's device does not yet) would leave its domain without its
-// device.
+// "" if it can: a pvdrm vGPU whose back end serves the xen transport (the
+// new process would have to take over the grant mappings and the event
+// channel of a connected device) or has no back end yet, and a Xen
+// domain's device model that did not say it resumes after a handoff (its
+// Hello's ResumesHandoff: gpuvm xl's does; QEMU's device does not yet)
+// would leave its domain without its device. A pvdrm vGPU of the local
+// transport is handed over as a save is: its front end resumes on the
+// saved Bye.
 func HandoffBlocker(v *VGPU) string {
 	switch {
 	case config.Mode(v.Guest.Mode).IsPVDRM():
-		return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU, whose back end's state is not saved", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
+		v.mu.Lock()
+		b := v.pvdrm
+		v.mu.Unlock()
+		switch {
+		case b == nil:
+			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU whose back end is being attached", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
+		case !b.localTransport():
+			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU of the xen transport, whose back end does not resume after a handoff", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
+		}
 	case v.Guest.XenRAM && !v.Guest.ResumesHandoff:
 		return fmt.Sprintf("vGPU %d (%s, domid %d) has a Xen device model that does not resume after a handoff", v.ID, v.Guest.Name, v.Guest.DomID)
 	}
@@ -56,6 +67,9 @@ type HandoffHold struct {
 	// Board is the name of the board the vGPU was parked on (a move may
 	// have taken it off the one it was listed on): Kept is its slot.
 	Board string
+	// letGo lets a pvdrm back end serve on once the hold ended (after a
+	// commit it finds its vGPU gone and stops); nil for other modes.
+	letGo func()
 }
 
 // VGPU is the vGPU held.
@@ -64,7 +78,9 @@ func (h *HandoffHold) VGPU() *VGPU { return h.v }
 // Hold parks v and writes its state image to w, holding back every
 // restore of it until Commit or Release. With keepVRAM, its VRAM stays in
 // its slot, kept for it, and the image carries none (keep.go): for a new
-// process that takes the board's memory over. ctx bounds the wait for its
+// process that takes the board's memory over. A pvdrm vGPU's image always
+// carries its VRAM objects: its restore re-creates each through the new
+// back end's driver, which places them anew. ctx bounds the wait for its
 // work in flight. On error nothing is held: v goes on here (parked, if the
 // eviction happened; its next access brings it back).
 func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bool) (*HandoffHold, error) {
@@ -72,11 +88,19 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bo
 	if why := HandoffBlocker(v); why != "" {
 		return nil, fmt.Errorf("hand off: %s: %w", why, ErrSaveUnsupported)
 	}
+	letGo, err := quiescePVDRM(ctx, v)
+	if err != nil {
+		return nil, fmt.Errorf("hand off %w", err)
+	}
+	keepVRAM = keepVRAM && letGo == nil
 	v.restoreMu.Lock()
 	held := false
 	defer func() {
 		if !held {
 			v.restoreMu.Unlock()
+			if letGo != nil {
+				letGo()
+			}
 		}
 	}()
 	cur, _ := v.where()
@@ -99,7 +123,7 @@ func (a *Aggregator) Hold(ctx context.Context, v *VGPU, w io.Writer, keepVRAM bo
 		return nil, fmt.Errorf("hand off vGPU %d: writing the image: %w", v.ID, err)
 	}
 	held = true
-	return &HandoffHold{v: v, Kept: kept, Board: cur.opts.BoardName, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
+	return &HandoffHold{v: v, Kept: kept, Board: cur.opts.BoardName, letGo: letGo, Stats: SaveStats{Bytes: img.Bytes(), Pause: ev.Took, Took: time.Since(start)}}, nil
 }
 
 // handoffByeWait bounds Commit's wait for the Bye to be written.
@@ -130,8 +154,12 @@ func (h *HandoffHold) Commit() error {
 	h.v.logger().Info("vGPU handed off", "bytes", h.Stats.Bytes, "vram_kept_in_slot", h.Kept, "pause", h.Stats.Pause, "took", h.Stats.Took)
 	err := cur.Destroy(h.v, HandoffReason)
 	// The access its guest made meanwhile waits for this lock; let go, it
-	// finds the vGPU gone and the connection ends with the Bye.
+	// finds the vGPU gone and the connection ends with the Bye. A pvdrm
+	// back end, let go, finds it gone too and stops.
 	h.v.restoreMu.Unlock()
+	if h.letGo != nil {
+		h.letGo()
+	}
 	h.v.hangMu.Lock()
 	ended := h.v.connEnded
 	h.v.hangMu.Unlock()
@@ -163,6 +191,9 @@ func (h *HandoffHold) Release() {
 	}
 	h.done = true
 	h.v.restoreMu.Unlock()
+	if h.letGo != nil {
+		h.letGo()
+	}
 }
 
 // EncodeWaitingImages writes each state image waiting for its domain's

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/gpuvm/gpuvm/pvdrm"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -80,14 +82,29 @@ func TestHandoffHoldCommit(t *testing.T) {
 	checkHonest(t, honest, marker)
 }
 
-// TestHandoffBlocker: pvdrm vGPUs and Xen device models that do not
-// resume after a handoff cannot be handed over, and Hold refuses them
-// before touching them.
+// xenLikeTransport is a pvdrm transport other than the local one (its
+// methods are never called).
+type xenLikeTransport struct{ pvdrm.Transport }
+
+// TestHandoffBlocker: pvdrm vGPUs of the xen transport or with no back end
+// yet, and Xen device models that do not resume after a handoff, cannot be
+// handed over, and Hold refuses them before touching them; a pvdrm vGPU of
+// the local transport can.
 func TestHandoffBlocker(t *testing.T) {
 	for _, g := range []Guest{{Name: "p", Mode: "pvdrm"}, {Name: "x", Mode: "fv-optimized", XenRAM: true}} {
 		if HandoffBlocker(&VGPU{Guest: g}) == "" {
 			t.Errorf("%+v: no blocker", g)
 		}
+	}
+	xenPV := &VGPU{Guest: Guest{Name: "px", Mode: "pvdrm-pooling"}}
+	xenPV.pvdrm = &PVDRMBackend{t: xenLikeTransport{}}
+	if why := HandoffBlocker(xenPV); !strings.Contains(why, "xen transport") {
+		t.Errorf("a pvdrm vGPU of the xen transport: blocker %q", why)
+	}
+	localPV := &VGPU{Guest: Guest{Name: "pl", Mode: "pvdrm"}}
+	localPV.pvdrm = &PVDRMBackend{t: &pvdrm.Local{}}
+	if why := HandoffBlocker(localPV); why != "" {
+		t.Errorf("a pvdrm vGPU of the local transport is blocked: %s", why)
 	}
 	if why := HandoffBlocker(&VGPU{Guest: Guest{Name: "f", Mode: "fv-optimized"}}); why != "" {
 		t.Errorf("an fv-optimized vGPU of a memfd device model is blocked: %s", why)
@@ -99,5 +116,37 @@ func TestHandoffBlocker(t *testing.T) {
 	v := &VGPU{Guest: Guest{Name: "x", Mode: "fv-optimized", XenRAM: true}} // refused before anything of it is looked at
 	if _, err := src.Hold(context.Background(), v, &bytes.Buffer{}, false); !errors.Is(err, ErrSaveUnsupported) || !strings.Contains(err.Error(), "Xen device model") {
 		t.Fatalf("hold of a Xen device model's vGPU: %v", err)
+	}
+}
+
+// TestHandoffOfPVDRM: a pvdrm vGPU of the local transport is handed over
+// as a save is — its back end stops between two requests, the image
+// carries its files, channels, GEM objects and pooled buffers, and its
+// VRAM objects even when the board's VRAM is kept (a restore re-creates
+// them through the new back end's driver, which places them anew) — and
+// the front end goes on on the new daemon with the context it opened
+// before; the honest VM beside is never read or changed.
+func TestHandoffOfPVDRM(t *testing.T) {
+	for _, mode := range []string{"pvdrm", "pvdrm-pooling"} {
+		t.Run(mode, func(t *testing.T) {
+			s := savePVDRMSceneBy(t, mode, func(src *Aggregator, v *VGPU, w io.Writer) (SaveStats, error) {
+				h, err := src.Hold(context.Background(), v, w, true)
+				if err != nil {
+					return SaveStats{}, err
+				}
+				if h.Kept != -1 {
+					t.Errorf("a pvdrm vGPU's VRAM was kept in slot %d", h.Kept)
+				}
+				return h.Stats, h.Commit()
+			})
+			if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
+				t.Fatalf("register: %v", err)
+			}
+			if err := s.resume(t); err != nil {
+				t.Fatalf("resume: %v", err)
+			}
+			s.verifyResumed(t)
+			checkHonest(t, s.honest, s.marker)
+		})
 	}
 }

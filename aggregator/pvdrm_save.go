@@ -127,3 +127,11 @@ func readPages(pages []imagePage, off uint64, dst []byte) {
 		copy(dst[lo-off:hi-off], p.data[lo-p.off:hi-p.off])
 	}
 }
+
+// localTransport reports whether the back end serves the local transport,
+// whose front end resumes by itself after a saved Bye (a handoff's
+// included).
+func (b *PVDRMBackend) localTransport() bool {
+	_, ok := b.t.(*pvdrm.Local)
+	return ok
+}

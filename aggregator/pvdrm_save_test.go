@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -32,6 +33,15 @@ type pvdrmScene struct {
 }
 
 func savePVDRMScene(t *testing.T, mode string) *pvdrmScene {
+	t.Helper()
+	return savePVDRMSceneBy(t, mode, func(src *Aggregator, v *VGPU, w io.Writer) (SaveStats, error) {
+		return src.Save(context.Background(), v, w, false)
+	})
+}
+
+// savePVDRMSceneBy is savePVDRMScene with the vGPU saved by save (which
+// ends it on src).
+func savePVDRMSceneBy(t *testing.T, mode string, save func(src *Aggregator, v *VGPU, w io.Writer) (SaveStats, error)) *pvdrmScene {
 	t.Helper()
 	s := &pvdrmScene{guest: Guest{DomID: 12, Name: "drm-saved", Mode: mode}}
 	s.src, _ = newTestAggregator(t, 2)
@@ -65,7 +75,7 @@ func savePVDRMScene(t *testing.T, mode string) *pvdrmScene {
 		t.Fatal(err)
 	}
 	var img bytes.Buffer
-	st, err := s.src.Save(context.Background(), s.g.b.VGPU(), &img, false)
+	st, err := save(s.src, s.g.b.VGPU(), &img)
 	if err != nil {
 		t.Fatalf("save: %v", err)
 	}

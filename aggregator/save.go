@@ -93,21 +93,9 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, *SaveHold, error) {
 	start := time.Now()
 	var st SaveStats
-	// A pvdrm vGPU's back end stops between two requests first, before
-	// restoreMu: a request it is serving may be waiting for the vGPU to
-	// be resident (pvdrm_save.go).
-	var letGo func()
-	if config.Mode(v.Guest.Mode).IsPVDRM() {
-		v.mu.Lock()
-		b := v.pvdrm
-		v.mu.Unlock()
-		if b == nil {
-			return st, nil, fmt.Errorf("save vGPU %d (mode %s): %w: it has no pvdrm back end", v.ID, v.Guest.Mode, ErrSaveUnsupported)
-		}
-		var err error
-		if letGo, err = b.quiesce(ctx); err != nil {
-			return st, nil, fmt.Errorf("save vGPU %d: %w", v.ID, err)
-		}
+	letGo, err := quiescePVDRM(ctx, v)
+	if err != nil {
+		return st, nil, fmt.Errorf("save %w", err)
 	}
 	quietHeld := false
 	defer func() {
@@ -157,6 +145,27 @@ func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bo
 		}
 	})
 	return st, h, nil
+}
+
+// quiescePVDRM stops a pvdrm vGPU's back end between two requests, as a
+// save or a handoff does before restoreMu (a request it is serving may be
+// waiting for the vGPU to be resident; pvdrm_save.go), and returns how to
+// let it serve on: nil for a vGPU of another mode.
+func quiescePVDRM(ctx context.Context, v *VGPU) (func(), error) {
+	if !config.Mode(v.Guest.Mode).IsPVDRM() {
+		return nil, nil
+	}
+	v.mu.Lock()
+	b := v.pvdrm
+	v.mu.Unlock()
+	if b == nil {
+		return nil, fmt.Errorf("vGPU %d (mode %s): %w: it has no pvdrm back end", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	}
+	letGo, err := b.quiesce(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("vGPU %d: %w", v.ID, err)
+	}
+	return letGo, nil
 }
 
 // Commit destroys the held vGPU (its device model gets the Bye saying it

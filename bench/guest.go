@@ -133,7 +133,7 @@ const roundTrips = 2000
 // the front end's own counts (front_requests, front_notifications,
 // front_maps: shares it mapped).
 func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, runs int, params workloads.Params, run runFunc, progress Progress) (rep Report, err error) {
-	fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+	fe, err := pvdrm.DialLocal(ctx, frontEndConfig(cfg))
 	if err != nil {
 		return rep, err
 	}
@@ -166,6 +166,14 @@ func runPVDRMGuest(ctx context.Context, cfg devmodel.Config, names []string, run
 	return rep, nil
 }
 
+// frontEndConfig is the pvdrm front end of the VM cfg describes: after a
+// saved Bye (a save, a migration, a handoff of the daemon) it resumes as
+// its device model would (cfg.ResumeTimeout, cfg.ResumeSockets).
+func frontEndConfig(cfg devmodel.Config) pvdrm.DialConfig {
+	return pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger,
+		ResumeTimeout: cfg.ResumeTimeout, ResumeSockets: cfg.ResumeSockets}
+}
+
 // timeRoundTrips times the two round trips on a file of its own.
 func timeRoundTrips(ctx context.Context, fe *pvdrm.FrontEnd) (ring, mmio time.Duration, err error) {
 	rsp, err := fe.Client.Do(ctx, pvdrm.Request{Op: pvdrm.OpOpen})
@@ -184,7 +192,7 @@ func timeRoundTrips(ctx context.Context, fe *pvdrm.FrontEnd) (ring, mmio time.Du
 // front end.
 func OpenGuestDriver(ctx context.Context, cfg devmodel.Config) (gdev.Driver, func() error, error) {
 	if config.Mode(cfg.Mode).IsPVDRM() {
-		fe, err := pvdrm.DialLocal(ctx, pvdrm.DialConfig{Socket: cfg.Socket, DomID: cfg.DomID, Name: cfg.Name, Mode: cfg.Mode, GARTSize: cfg.RAMSize, Logger: cfg.Logger})
+		fe, err := pvdrm.DialLocal(ctx, frontEndConfig(cfg))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -41,10 +41,14 @@ func (fe *FrontEnd) watch(local *Local) {
 			fe.Client.Abort(err)
 			return
 		}
+		start := time.Now()
 		c, rerr := fe.resume(local)
 		if rerr != nil {
 			fe.Client.Abort(fmt.Errorf("pvdrm front end: %w; resume: %w", err, rerr))
 			return
+		}
+		if log := fe.cfg.Logger; log != nil {
+			log.Info("pvdrm front end: resumed on the restored vGPU", "domid", fe.cfg.DomID, "vgpu", fe.Welcome().VGPU, "pause", time.Since(start))
 		}
 		fe.mu.Lock()
 		select {

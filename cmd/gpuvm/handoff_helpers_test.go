@@ -133,14 +133,15 @@ func startLoopVM(t *testing.T, sock, name string, domid, pairs int) *loopVM {
 	return startSizedLoopVM(t, sock, name, domid, pairs, "256KiB")
 }
 
-// startSizedLoopVM is startLoopVM with cpy moving copySize each way.
-func startSizedLoopVM(t *testing.T, sock, name string, domid, pairs int, copySize string) *loopVM {
+// startSizedLoopVM is startLoopVM with cpy moving copySize each way; extra
+// are more devmodel flags (--mode).
+func startSizedLoopVM(t *testing.T, sock, name string, domid, pairs int, copySize string, extra ...string) *loopVM {
 	t.Helper()
 	wl := strings.TrimSuffix(strings.Repeat("madd,cpy,", pairs), ",")
 	vm := &loopVM{name: name, pairs: pairs, exited: make(chan error, 1)}
-	vm.cmd = selfCommand(context.Background(), []string{"--log-level", "info", "devmodel", "--socket", sock,
+	vm.cmd = selfCommand(context.Background(), append([]string{"--log-level", "info", "devmodel", "--socket", sock,
 		"--name", name, "--domid", strconv.Itoa(domid), "--ram", "64MiB", "--workloads", wl, "--runs", "1", "--no-warmup",
-		"--matrix-dim", "32", "--copy-size", copySize, "--json"})
+		"--matrix-dim", "32", "--copy-size", copySize, "--json"}, extra...))
 	vm.cmd.Stdout, vm.cmd.Stderr = &vm.out, &vm.logs
 	if err := vm.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -190,56 +190,55 @@ func TestFailedHandoffKeepsServing(t *testing.T) {
 	}
 }
 
-// TestHandoffRefusedForPVDRM: a pvdrm vGPU cannot be handed over (its
-// back end's state is not saved), so SIGUSR2 is refused with its name and
-// nothing changes: the VM goes on computing on the same vGPU.
-func TestHandoffRefusedForPVDRM(t *testing.T) {
+// TestHandoffOfPVDRM: pvdrm vGPUs of the local transport (a pvdrm and a
+// pvdrm-pooling VM, looping verified madd and cpy) are handed to the new
+// process beside an fv one: each back end stops between two requests, its
+// image carries its files, channels and buffers, and its front end
+// resumes on the new process on the saved Bye and finishes every run
+// verified; the honest VM's marker reads back.
+func TestHandoffOfPVDRM(t *testing.T) {
 	dir := t.TempDir()
 	sock, ctl := dir+"/gpuvm.sock", dir+"/ctl.sock"
 	exe := dir + "/gpuvm"
 	installGpuvm(t, exe, nil)
-	d, logs, _ := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
-	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "pv", "--domid", "50", "--mode", "pvdrm",
-		"--ram", "64MiB", "--workloads", "madd", "--runs", "1000000", "--no-warmup", "--matrix-dim", "32"})
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
+	d, logs, done := startInstalledDaemon(t, exe, handoffConfig(t, dir, sock, ctl), ctl)
+	honest := connectMarkedVM(t, sock, "honest", 49)
+	honest.plant()
+	vms := []*loopVM{
+		startSizedLoopVM(t, sock, "pv", 50, 30, "256KiB", "--mode", "pvdrm"),
+		startSizedLoopVM(t, sock, "pool", 51, 30, "256KiB", "--mode", "pvdrm-pooling"),
+		startLoopVM(t, sock, "fv", 52, 30),
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- vm.Wait() }()
-	t.Cleanup(func() { vm.Process.Kill(); <-exited })
-	waitComputing(t, ctl, "pv")
-	before, _ := vgpuNamed(t, ctl, "pv")
+	for _, vm := range vms {
+		waitComputing(t, ctl, vm.name)
+	}
 	usr2(t, d)
-	deadline := time.Now().Add(time.Minute) // a hang guard only
-	for !strings.Contains(logs.String(), "handoff failed") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refusal:\n%s", logs)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if want := "refused, nothing changed: vGPU " + strconv.Itoa(before.ID) + " (pv, domid 50) is a pvdrm vGPU"; !strings.Contains(logs.String(), want) {
-		t.Errorf("the refusal does not say %q:\n%s", want, logs)
-	}
-	for {
-		after, ok := vgpuNamed(t, ctl, "pv")
-		if !ok || after.ID != before.ID {
-			t.Fatalf("the pvdrm vGPU changed: before %+v, after %+v (present %v)", before, after, ok)
-		}
-		if after.Sched.Submissions > before.Sched.Submissions+5 {
-			break
-		}
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard only
+	for !strings.Contains(logs.String(), "serving on the sockets the previous process handed over") {
 		select {
-		case err := <-exited:
-			t.Fatalf("the pvdrm VM ended: %v", err)
+		case err := <-done:
+			done <- err
+			t.Fatalf("the daemon exited at the handoff: %v\n%s", err, logs)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the pvdrm VM does not compute after the refusal: %+v", after)
+			t.Fatalf("no new process serves:\n%s", logs)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
-	if strings.Contains(logs.String(), "vGPU evicted") {
-		t.Errorf("the refused handoff parked a vGPU:\n%s", logs)
+	if strings.Contains(logs.String(), "handoff failed") {
+		t.Fatalf("the handoff failed:\n%s", logs)
+	}
+	for _, vm := range vms {
+		t.Logf("%s paused %s", vm.name, vm.finish(t, true))
+	}
+	if p, ok := honest.check(); !ok {
+		t.Errorf("the honest VM's marker at VRAM %#x changed across the restart", p)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the daemon exited: %v\n%s", err, logs)
+	default:
 	}
 }
 
