@@ -38,9 +38,7 @@ const HandoffReason = ipc.ByeHandoff + "; the vGPU resumes on the new process"
 func HandoffBlocker(v *VGPU) string {
 	switch {
 	case config.Mode(v.Guest.Mode).IsPVDRM():
-		v.mu.Lock()
-		b := v.pvdrm
-		v.mu.Unlock()
+		b := v.pvdrmBackend()
 		switch {
 		case b == nil:
 			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU whose back end is being attached", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)

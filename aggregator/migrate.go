@@ -150,8 +150,8 @@ func (a *Aggregator) migrate(ctx context.Context, m *migration, w io.Writer, opt
 	start := time.Now()
 	v := m.v
 	var st MigrateStats
-	if config.Mode(v.Guest.Mode).IsPVDRM() {
-		return st, fmt.Errorf("migrate vGPU %d (mode %s): %w: a pvdrm back end's files and buffers are not serialized", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	if config.Mode(v.Guest.Mode).IsPVDRM() && v.pvdrmBackend() == nil {
+		return st, fmt.Errorf("migrate vGPU %d (mode %s): %w: its pvdrm back end is being attached", v.ID, v.Guest.Mode, ErrSaveUnsupported)
 	}
 	_, slot := v.where()
 	sw, err := vgpuimage.NewStreamWriter(w, slot.VRAM.Size)
@@ -293,6 +293,15 @@ func (m *migration) sendChanged(sw *vgpuimage.StreamWriter, off uint64, data []b
 // that v stays parked here.
 func (a *Aggregator) stopAndCopy(ctx context.Context, m *migration, sw *vgpuimage.StreamWriter, commit func(context.Context) error, st *MigrateStats) error {
 	v := m.v
+	// A pvdrm back end stops between two requests first, as for a save;
+	// it serves on once the vGPU is gone (it then stops) or stays.
+	letGo, err := quiescePVDRM(ctx, v)
+	if err != nil {
+		return fmt.Errorf("stopping it: %w", err)
+	}
+	if letGo != nil {
+		defer letGo()
+	}
 	// Nothing brings it back from the park until it is destroyed or the
 	// migration failed (as in Save).
 	v.restoreMu.Lock()

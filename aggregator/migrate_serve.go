@@ -82,8 +82,8 @@ func (a *Aggregator) serveMigrate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
 		return
 	}
-	if config.Mode(v.Guest.Mode).IsPVDRM() {
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": fmt.Sprintf("mode %s: %v", v.Guest.Mode, ErrSaveUnsupported)})
+	if config.Mode(v.Guest.Mode).IsPVDRM() && v.pvdrmBackend() == nil {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": fmt.Sprintf("mode %s: %v: its pvdrm back end is being attached", v.Guest.Mode, ErrSaveUnsupported)})
 		return
 	}
 	var opts MigrateOptions

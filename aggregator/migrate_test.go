@@ -362,7 +362,7 @@ func TestMigrateRefusesHostileStreams(t *testing.T) {
 }
 
 // TestMigrateOneAtATime: a second migration of a vGPU under way is
-// refused with ErrMigrating, and a pvdrm vGPU cannot be migrated.
+// refused with ErrMigrating.
 func TestMigrateOneAtATime(t *testing.T) {
 	src, _ := newTestAggregator(t, 2)
 	s := startSavable(t, src, 5, "once", "fv-optimized")
@@ -376,4 +376,47 @@ func TestMigrateOneAtATime(t *testing.T) {
 		t.Fatalf("migration to nowhere: %v", err)
 	}
 	verifiedWork(t, s.guestVM)
+}
+
+// TestMigratePVDRM: a pvdrm vGPU migrates as the others do — pre-copy
+// rounds while its back end serves, then its back end stops between two
+// requests, the vGPU parks and the rest goes — and the stream's image
+// holds its back end's state and its VRAM objects: on the restoring
+// daemon the front end goes on with the context it opened before; the
+// honest VM beside is never read or changed.
+func TestMigratePVDRM(t *testing.T) {
+	for _, mode := range []string{"pvdrm", "pvdrm-pooling"} {
+		t.Run(mode, func(t *testing.T) {
+			s := savePVDRMSceneBy(t, mode, func(src *Aggregator, v *VGPU, w io.Writer) (SaveStats, error) {
+				var stream bytes.Buffer
+				st, err := src.Migrate(context.Background(), v, &stream, MigrateOptions{}, func(context.Context) error { return nil })
+				if err != nil {
+					return SaveStats{}, err
+				}
+				if len(st.Rounds) == 0 {
+					t.Errorf("no pre-copy round: %+v", st)
+				}
+				// The stream read back on a board of the same shape (the
+				// vGPU is gone from src) and written as the image the
+				// restoring daemon registers.
+				img, _, err := src.ReadMigration(v.Guest.DomID, &stream)
+				if err != nil {
+					return SaveStats{}, err
+				}
+				defer img.Scrub()
+				if img.PVDRM == nil {
+					t.Errorf("the stream's image has no pvdrm state")
+				}
+				return SaveStats{Bytes: st.InUse, Pause: st.PauseNs}, vgpuimage.Encode(w, img)
+			})
+			if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
+				t.Fatalf("register: %v", err)
+			}
+			if err := s.resume(t); err != nil {
+				t.Fatalf("resume: %v", err)
+			}
+			s.verifyResumed(t)
+			checkHonest(t, s.honest, s.marker)
+		})
+	}
 }

@@ -147,6 +147,14 @@ func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bo
 	return st, h, nil
 }
 
+// pvdrmBackend is v's pvdrm back end: nil for a vGPU of another mode, or
+// one whose back end is still being attached.
+func (v *VGPU) pvdrmBackend() *PVDRMBackend {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.pvdrm
+}
+
 // quiescePVDRM stops a pvdrm vGPU's back end between two requests, as a
 // save or a handoff does before restoreMu (a request it is serving may be
 // waiting for the vGPU to be resident; pvdrm_save.go), and returns how to
@@ -155,9 +163,7 @@ func quiescePVDRM(ctx context.Context, v *VGPU) (func(), error) {
 	if !config.Mode(v.Guest.Mode).IsPVDRM() {
 		return nil, nil
 	}
-	v.mu.Lock()
-	b := v.pvdrm
-	v.mu.Unlock()
+	b := v.pvdrmBackend()
 	if b == nil {
 		return nil, fmt.Errorf("vGPU %d (mode %s): %w: it has no pvdrm back end", v.ID, v.Guest.Mode, ErrSaveUnsupported)
 	}

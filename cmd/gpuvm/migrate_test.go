@@ -157,3 +157,34 @@ func TestMigrateAcrossDaemons(t *testing.T) {
 		t.Errorf("the honest VM on a: before %+v, after %+v (present %v)", honestBefore.Sched, after.Sched, ok)
 	}
 }
+
+// TestMigratePVDRMAcrossDaemons: a pvdrm-pooling VM process looping
+// verified madd and cpy migrates from daemon a to daemon b
+// (`gpuvm vgpu migrate --to-control`) while it runs: its back end stops
+// between two requests only for the stop-and-copy, its front end resumes
+// on b on the migration's saved Bye with the same ring and GART heap, and
+// every run verifies.
+func TestMigratePVDRMAcrossDaemons(t *testing.T) {
+	dir := t.TempDir()
+	sockA, ctlA := dir+"/a.sock", dir+"/actl.sock"
+	sockB, ctlB := dir+"/b.sock", dir+"/bctl.sock"
+	startDaemon(t, daemonConfig(t, dir, sockA, ctlA, ""), ctlA)
+	startDaemon(t, daemonConfig(t, dir, sockB, ctlB, ""), ctlB)
+	vm := startSizedLoopVM(t, sockA, "drm", 17, 40, "256KiB", "--mode", "pvdrm-pooling", "--resume-socket", sockB, "--resume-socket", sockA)
+	waitComputing(t, ctlA, "drm")
+	v, _ := vgpuNamed(t, ctlA, "drm")
+	out, errOut, code := runCLI(t, "vgpu", "migrate", "--control-socket", ctlA, strconv.Itoa(v.ID), "--to-control", ctlB)
+	if code != 0 {
+		t.Fatalf("gpuvm vgpu migrate: exit %d\n%s%s\n%s", code, out, errOut, vm.logs.String())
+	}
+	var st aggregator.MigrateStats
+	if err := json.Unmarshal([]byte(out), &st); err != nil || len(st.Rounds) == 0 {
+		t.Fatalf("migrate printed %q (%v)", out, err)
+	}
+	if _, ok := vgpuNamed(t, ctlA, "drm"); ok {
+		t.Fatal("the migrated vGPU is still on a")
+	}
+	pause := vm.finish(t, true)
+	t.Logf("pvdrm-pooling migrated: %d rounds, %d bytes in use, %d sent after the park, downtime %v; the front end's pause %s",
+		len(st.Rounds), st.InUse, st.FinalBytes, st.DowntimeNs, pause)
+}
