@@ -84,7 +84,8 @@ func TestResumingPVDRMOverSocket(t *testing.T) {
 // TestPVDRMFrontEndResumes: a pvdrm front end (pvdrm.DialLocal, as `gpuvm
 // pvdrm` runs it) outlives a save of its vGPU: on the saved Bye it dials
 // the restoring daemon with a resuming Hello, is refused no-image until
-// the image arrives, and then goes on with the gdev context it opened
+// the image arrives (a counters call made meanwhile waits for the resume),
+// and then goes on with the gdev context it opened
 // before the save — its VRAM buffer reads back, madd runs in it — and
 // runs fresh verified workloads; the honest VM beside is untouched.
 func TestPVDRMFrontEndResumes(t *testing.T) {
@@ -120,9 +121,19 @@ func TestPVDRMFrontEndResumes(t *testing.T) {
 	if _, err := src.Save(context.Background(), vs[0], &img, false); err != nil {
 		t.Fatalf("save: %v", err)
 	}
+	// A call on the device-model connection that meets the saved Bye
+	// goes on on the resumed one.
+	counted := make(chan error, 1)
+	go func() {
+		_, err := fe.Counters(CounterNames()[:1])
+		counted <- err
+	}()
 	time.Sleep(50 * time.Millisecond) // the front end is refused no-image meanwhile
 	if _, err := dst.RegisterRestore(21, &img); err != nil {
 		t.Fatalf("register: %v", err)
+	}
+	if err := <-counted; err != nil {
+		t.Fatalf("counters across the save: %v", err)
 	}
 	s.verifyResumed(t)
 	checkHonest(t, honest, marker)

@@ -25,8 +25,11 @@ type FrontEnd struct {
 	// Shares maps the buffers GEM_MMAP shares.
 	Shares FrontShares
 
-	mu      sync.Mutex  // guards ctl and welcome, which a resume replaces
-	ctl     *ipc.Client // nil on the xen transport
+	mu  sync.Mutex  // guards ctl, ctlEnd and welcome, which a resume replaces
+	ctl *ipc.Client // nil on the xen transport
+	// ctlEnd is closed once ctl is replaced by a resume or the front end
+	// gave up resuming (then ctl stays).
+	ctlEnd  chan struct{}
 	welcome ipc.Welcome
 	cfg     DialConfig
 	closing chan struct{} // closed by Close: a resume stops
@@ -71,7 +74,7 @@ type DialConfig struct {
 // DialLocal connects a front end to the aggregator listening on cfg.Socket
 // and says HELLO, asking for pooling in mode pvdrm-pooling.
 func DialLocal(ctx context.Context, cfg DialConfig) (fe *FrontEnd, err error) {
-	fe = &FrontEnd{cfg: cfg, closing: make(chan struct{})}
+	fe = &FrontEnd{cfg: cfg, closing: make(chan struct{}), ctlEnd: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, fe.Close())
@@ -133,12 +136,39 @@ func (fe *FrontEnd) control() *ipc.Client {
 
 // Counters reads the vGPU's counters by name (the device-model socket's
 // counters call).
-func (fe *FrontEnd) Counters(names []string) (map[string]uint64, error) {
-	ctl := fe.control()
-	if ctl == nil {
-		return nil, ErrNoControl
+func (fe *FrontEnd) Counters(names []string) (c map[string]uint64, err error) {
+	err = fe.controlCall(func(ctl *ipc.Client) (err error) {
+		c, err = ctl.Counters(names)
+		return err
+	})
+	return c, err
+}
+
+// controlCall runs f on the device-model connection. A call that met the
+// saved Bye of a connection the front end resumes from (a save, a
+// migration, a handoff of the daemon) runs again on the resumed one, as
+// a device model repeats an access that got no answer.
+func (fe *FrontEnd) controlCall(f func(*ipc.Client) error) error {
+	for {
+		fe.mu.Lock()
+		ctl, ended := fe.ctl, fe.ctlEnd
+		fe.mu.Unlock()
+		if ctl == nil {
+			return ErrNoControl
+		}
+		err := f(ctl)
+		if err == nil || fe.cfg.ResumeTimeout <= 0 || !ipc.IsSavedBye(err) {
+			return err
+		}
+		select {
+		case <-ended:
+		case <-fe.closing:
+			return err
+		}
+		if fe.control() == ctl {
+			return err // the resume failed: the client says why
+		}
 	}
-	return ctl.Counters(names)
 }
 
 // RoundTrips measures, n times each, a request's round trip on the pvdrm
@@ -154,13 +184,16 @@ func (fe *FrontEnd) RoundTrips(ctx context.Context, file uint32, n int) (ring, m
 		}
 	}
 	ring = time.Since(start) / time.Duration(n)
-	ctl := fe.control()
-	if ctl == nil {
+	if fe.control() == nil {
 		return ring, 0, nil
 	}
 	start = time.Now()
 	for range n {
-		if _, err := ctl.Call(ipc.OpCounters, 1<<32); err != nil { // an unknown group: refused at once
+		err := fe.controlCall(func(ctl *ipc.Client) error {
+			_, err := ctl.Call(ipc.OpCounters, 1<<32) // an unknown group: refused at once
+			return err
+		})
+		if err != nil {
 			return 0, 0, err
 		}
 	}

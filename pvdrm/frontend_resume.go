@@ -39,29 +39,46 @@ func (fe *FrontEnd) watch(local *Local) {
 		err := ctl.Err()
 		if fe.cfg.ResumeTimeout <= 0 || !ipc.IsSavedBye(err) {
 			fe.Client.Abort(err)
+			fe.endControl(nil)
 			return
 		}
 		start := time.Now()
 		c, rerr := fe.resume(local)
 		if rerr != nil {
 			fe.Client.Abort(fmt.Errorf("pvdrm front end: %w; resume: %w", err, rerr))
+			fe.endControl(nil)
 			return
 		}
 		if log := fe.cfg.Logger; log != nil {
 			log.Info("pvdrm front end: resumed on the restored vGPU", "domid", fe.cfg.DomID, "vgpu", fe.Welcome().VGPU, "pause", time.Since(start))
 		}
-		fe.mu.Lock()
-		select {
-		case <-fe.closing:
-			fe.mu.Unlock()
-			c.Close()
+		if !fe.endControl(c) {
+			c.Close() // the front end is closing
 			return
-		default:
 		}
-		fe.ctl = c
-		fe.mu.Unlock()
 		ctl.Close()
 	}
+}
+
+// endControl ends the device-model connection's term: c (nil: none, the
+// front end gave up) replaces it, and the calls that met its Bye go on.
+// It reports false, replacing nothing, if the front end is closing: Close
+// closes the connection it finds, so one put in after it looked would
+// stay open.
+func (fe *FrontEnd) endControl(c *ipc.Client) bool {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	select {
+	case <-fe.closing:
+		return false
+	default:
+	}
+	if c != nil {
+		fe.ctl = c
+	}
+	close(fe.ctlEnd)
+	fe.ctlEnd = make(chan struct{})
+	return true
 }
 
 // resume dials the resume sockets in turn with a resuming Hello until one
