@@ -27,14 +27,14 @@ import (
 const HandoffReason = ipc.ByeHandoff + "; the vGPU resumes on the new process"
 
 // HandoffBlocker says why v cannot be handed to a new daemon process, or
-// "" if it can: a pvdrm vGPU whose back end serves the xen transport (the
-// new process would have to take over the grant mappings and the event
-// channel of a connected device) or has no back end yet, and a Xen
-// domain's device model that did not say it resumes after a handoff (its
-// Hello's ResumesHandoff: gpuvm xl's does; QEMU's device does not yet)
-// would leave its domain without its device. A pvdrm vGPU of the local
-// transport is handed over as a save is: its front end resumes on the
-// saved Bye.
+// "" if it can: a pvdrm vGPU whose back end has no transport that crosses
+// a handoff, or no back end yet, and a Xen domain's device model that did
+// not say it resumes after a handoff (its Hello's ResumesHandoff: gpuvm
+// xl's does; QEMU's device does not yet) would leave its domain without
+// its device. A pvdrm vGPU is handed over as a save is: on the local
+// transport its front end resumes on the saved Bye; on the xen transport
+// the new process takes the connected device over (host's Xen pvdrm
+// service).
 func HandoffBlocker(v *VGPU) string {
 	switch {
 	case config.Mode(v.Guest.Mode).IsPVDRM():
@@ -42,8 +42,8 @@ func HandoffBlocker(v *VGPU) string {
 		switch {
 		case b == nil:
 			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU whose back end is being attached", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
-		case !b.localTransport():
-			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU of the xen transport, whose back end does not resume after a handoff", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
+		case !b.resumesHandoff():
+			return fmt.Sprintf("vGPU %d (%s, domid %d) is a %s vGPU whose transport does not cross a handoff", v.ID, v.Guest.Name, v.Guest.DomID, v.Guest.Mode)
 		}
 	case v.Guest.XenRAM && !v.Guest.ResumesHandoff:
 		return fmt.Sprintf("vGPU %d (%s, domid %d) has a Xen device model that does not resume after a handoff", v.ID, v.Guest.Name, v.Guest.DomID)

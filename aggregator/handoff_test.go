@@ -82,29 +82,38 @@ func TestHandoffHoldCommit(t *testing.T) {
 	checkHonest(t, honest, marker)
 }
 
-// xenLikeTransport is a pvdrm transport other than the local one (its
-// methods are never called).
-type xenLikeTransport struct{ pvdrm.Transport }
+// fixedTransport is a pvdrm transport that crosses a handoff if crosses
+// says so (its other methods are never called).
+type fixedTransport struct {
+	pvdrm.Transport
+	crosses bool
+}
 
-// TestHandoffBlocker: pvdrm vGPUs of the xen transport or with no back end
-// yet, and Xen device models that do not resume after a handoff, cannot be
-// handed over, and Hold refuses them before touching them; a pvdrm vGPU of
-// the local transport can.
+func (f fixedTransport) ResumesHandoff() bool { return f.crosses }
+
+// TestHandoffBlocker: pvdrm vGPUs whose transport does not cross a handoff
+// or with no back end yet, and Xen device models that do not resume after
+// a handoff, cannot be handed over, and Hold refuses them before touching
+// them; a pvdrm vGPU of the local or the xen transport can.
 func TestHandoffBlocker(t *testing.T) {
 	for _, g := range []Guest{{Name: "p", Mode: "pvdrm"}, {Name: "x", Mode: "fv-optimized", XenRAM: true}} {
 		if HandoffBlocker(&VGPU{Guest: g}) == "" {
 			t.Errorf("%+v: no blocker", g)
 		}
 	}
-	xenPV := &VGPU{Guest: Guest{Name: "px", Mode: "pvdrm-pooling"}}
-	xenPV.pvdrm = &PVDRMBackend{t: xenLikeTransport{}}
-	if why := HandoffBlocker(xenPV); !strings.Contains(why, "xen transport") {
-		t.Errorf("a pvdrm vGPU of the xen transport: blocker %q", why)
+	for _, tr := range []pvdrm.Transport{fixedTransport{crosses: false}, struct{ pvdrm.Transport }{}} {
+		pv := &VGPU{Guest: Guest{Name: "px", Mode: "pvdrm-pooling"}}
+		pv.pvdrm = &PVDRMBackend{t: tr}
+		if why := HandoffBlocker(pv); !strings.Contains(why, "does not cross a handoff") {
+			t.Errorf("a pvdrm vGPU of transport %T: blocker %q", tr, why)
+		}
 	}
-	localPV := &VGPU{Guest: Guest{Name: "pl", Mode: "pvdrm"}}
-	localPV.pvdrm = &PVDRMBackend{t: &pvdrm.Local{}}
-	if why := HandoffBlocker(localPV); why != "" {
-		t.Errorf("a pvdrm vGPU of the local transport is blocked: %s", why)
+	for _, tr := range []pvdrm.Transport{&pvdrm.Local{}, &pvdrm.XenBack{}, fixedTransport{crosses: true}} {
+		pv := &VGPU{Guest: Guest{Name: "pl", Mode: "pvdrm"}}
+		pv.pvdrm = &PVDRMBackend{t: tr}
+		if why := HandoffBlocker(pv); why != "" {
+			t.Errorf("a pvdrm vGPU of transport %T is blocked: %s", tr, why)
+		}
 	}
 	if why := HandoffBlocker(&VGPU{Guest: Guest{Name: "f", Mode: "fv-optimized"}}); why != "" {
 		t.Errorf("an fv-optimized vGPU of a memfd device model is blocked: %s", why)

@@ -128,10 +128,15 @@ func readPages(pages []imagePage, off uint64, dst []byte) {
 	}
 }
 
-// localTransport reports whether the back end serves the local transport,
-// whose front end resumes by itself after a saved Bye (a handoff's
-// included).
-func (b *PVDRMBackend) localTransport() bool {
-	_, ok := b.t.(*pvdrm.Local)
-	return ok
+// handoffTransport is a pvdrm transport that can cross a handoff of the
+// daemon: the local one's front end resumes by itself after the saved Bye;
+// the xen one's back end is disowned by this process and resumed by the
+// next (host's Xen pvdrm service).
+type handoffTransport interface{ ResumesHandoff() bool }
+
+// resumesHandoff reports whether the back end's transport can cross a
+// handoff of the daemon.
+func (b *PVDRMBackend) resumesHandoff() bool {
+	t, ok := b.t.(handoffTransport)
+	return ok && t.ResumesHandoff()
 }

@@ -17,24 +17,14 @@ import (
 
 // HandoffBlockers names what keeps the daemon from handing its vGPUs to a
 // new process (none: it may): vGPUs whose state or device model cannot
-// survive it (aggregator.HandoffBlocker) and Xen pvdrm back ends, whose
-// state is this process's.
+// survive it (aggregator.HandoffBlocker). Xen pvdrm back ends cross it
+// (HandOffXenPVDRM).
 func (h *Host) HandoffBlockers() []string {
 	var out []string
 	for _, v := range h.VGPUs() {
 		if why := aggregator.HandoffBlocker(v); why != "" {
 			out = append(out, why)
 		}
-	}
-	h.mu.Lock()
-	var doms []uint32
-	for d := range h.xenPVDRM {
-		doms = append(doms, d)
-	}
-	h.mu.Unlock()
-	slices.Sort(doms)
-	for _, d := range doms {
-		out = append(out, fmt.Sprintf("the Xen pvdrm back end of domid %d runs in this process", d))
 	}
 	return out
 }

@@ -111,8 +111,12 @@ type Host struct {
 	mu        sync.Mutex
 	decisions []Decision // the latest, oldest first, at most maxDecisions
 	pending   map[uint32]aggregator.DomainSettings
-	xenPVDRM  map[uint32]context.CancelFunc // running Xen pvdrm back ends, by domid
-	closed    bool
+	xenPVDRM  map[uint32]*xenPVDRMService // running Xen pvdrm back ends, by domid
+	// xenHandoff is open while the Xen pvdrm back ends are handed to a
+	// new process (HandOffXenPVDRM); closed when that failed
+	// (XenPVDRMHandoffFailed). nil: no handoff.
+	xenHandoff chan struct{}
+	closed     bool
 }
 
 // New makes a host of boards, whose aggregators must share reg (their
@@ -149,7 +153,7 @@ func New(reg *aggregator.Registry, boards []*Board, opts Options) (*Host, error)
 		return nil, err
 	}
 	h := &Host{boards: boards, reg: reg, opts: opts, log: opts.Logger, load: newLoadMeter(len(boards)), bal: bal,
-		pending: map[uint32]aggregator.DomainSettings{}, xenPVDRM: map[uint32]context.CancelFunc{}}
+		pending: map[uint32]aggregator.DomainSettings{}, xenPVDRM: map[uint32]*xenPVDRMService{}}
 	h.bg, h.bgStop = context.WithCancel(context.Background())
 	for _, b := range boards {
 		b.Agg.SetRehome(h.rehomer(b))

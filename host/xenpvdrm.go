@@ -32,6 +32,18 @@ type XenPVDRMRequest struct {
 	DevID uint32 `json:"devid"`
 }
 
+// xenPVDRMService is one domain's running pvdrm back end. Its fields but
+// stop are guarded by Host.mu.
+type xenPVDRMService struct {
+	stop context.CancelFunc
+	req  XenPVDRMRequest
+	// session is the transport of the session serving now (nil between
+	// sessions), which a handoff disowns.
+	session *pvdrm.XenBack
+	// handedOff: the session's device was handed to a new process.
+	handedOff bool
+}
+
 // How the back-end service paces itself.
 const (
 	// xenLook is how often a session looks at the front end's state and
@@ -51,6 +63,12 @@ var ErrNoXen = errors.New("this daemon does not serve Xen domains (start it with
 // domain goes, StopXenPVDRM, or the host closes. One per domain; the
 // daemon runs at most four per vGPU slot.
 func (h *Host) StartXenPVDRM(domid uint32, req XenPVDRMRequest) error {
+	return h.startXenPVDRM(domid, req, false)
+}
+
+// startXenPVDRM is StartXenPVDRM; with resume, the device exists and its
+// first session takes it over as a handoff left it (ResumeXenPVDRM).
+func (h *Host) startXenPVDRM(domid uint32, req XenPVDRMRequest, resume bool) error {
 	if !h.opts.Xen {
 		return ErrNoXen
 	}
@@ -80,12 +98,12 @@ func (h *Host) StartXenPVDRM(domid uint32, req XenPVDRMRequest) error {
 		return fmt.Errorf("domain %d: %d pvdrm back ends run already (at most %d)", domid, len(h.xenPVDRM), max)
 	}
 	ctx, stop := context.WithCancel(h.bg)
-	h.xenPVDRM[domid] = stop
+	h.xenPVDRM[domid] = &xenPVDRMService{stop: stop, req: req}
 	h.bgWait.Add(1)
 	go func() {
 		defer h.bgWait.Done()
 		log := h.log.With("domid", domid, "name", g.Name, "part", "xen pvdrm")
-		err := h.serveXenPVDRM(ctx, g, req.DevID, log)
+		err := h.serveXenPVDRM(ctx, g, req.DevID, resume, log)
 		log.Info("pvdrm back end ends", "reason", err)
 		h.mu.Lock()
 		delete(h.xenPVDRM, domid)
@@ -99,10 +117,10 @@ func (h *Host) StartXenPVDRM(domid uint32, req XenPVDRMRequest) error {
 // StopXenPVDRM stops domain domid's pvdrm back end (its vGPU is torn down).
 func (h *Host) StopXenPVDRM(domid uint32) bool {
 	h.mu.Lock()
-	stop, ok := h.xenPVDRM[domid]
+	s, ok := h.xenPVDRM[domid]
 	h.mu.Unlock()
 	if ok {
-		stop()
+		s.stop()
 	}
 	return ok
 }
@@ -116,8 +134,10 @@ func (h *Host) pendingSettings(domid uint32) (aggregator.DomainSettings, bool) {
 	return s, ok
 }
 
-// serveXenPVDRM runs one domain's device until ctx ends or the domain goes.
-func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint32, log *slog.Logger) error {
+// serveXenPVDRM runs one domain's device until ctx ends or the domain
+// goes. With resume the device exists, made by an earlier process of the
+// daemon that handed it over, and is not made afresh.
+func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint32, resume bool, log *slog.Logger) error {
 	xs, err := xenstore.Open()
 	if err != nil {
 		return err
@@ -128,10 +148,16 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 		return err
 	}
 	dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(g.DomID), BackDomid: self, DevID: devID}
-	if err := xenbus.CreateDevice(ctx, xs, dev); err != nil {
-		return fmt.Errorf("create the pvdrm device: %w", err)
+	if _, err := xs.Read(ctx, dev.BackendPath()+"/state"); !resume || err != nil {
+		if err := xenbus.CreateDevice(ctx, xs, dev); err != nil {
+			return fmt.Errorf("create the pvdrm device: %w", err)
+		}
+		resume = false
 	}
 	defer func() {
+		if h.xenHandingOff() != nil {
+			return // the new process goes on with the device
+		}
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := xenbus.RemoveDevice(rctx, xs, dev); err != nil {
@@ -151,10 +177,30 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 			sleepCtx(ctx, xenLook)
 		}
 	}()
-	log.Info("pvdrm device created; waiting for the guest's front end", "frontend", dev.FrontendPath())
+	if resume {
+		log.Info("pvdrm device handed over by the previous daemon process; taking it over", "frontend", dev.FrontendPath())
+	} else {
+		log.Info("pvdrm device created; waiting for the guest's front end", "frontend", dev.FrontendPath())
+	}
 	for ctx.Err() == nil {
 		start := time.Now()
-		if err := h.xenPVDRMSession(ctx, xs, dev, g, log); err != nil && ctx.Err() == nil {
+		err := h.xenPVDRMSession(ctx, xs, dev, g, resume, log)
+		resume = false
+		if errors.Is(err, errXenHandedOff) {
+			// Handed to a new process: the exec ends this one. If it
+			// fails, this process takes the device over again.
+			if ch := h.xenHandingOff(); ch != nil {
+				select {
+				case <-ch:
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			}
+			log.Info("pvdrm device: the handoff did not happen; taking the device over again")
+			resume = true
+			continue
+		}
+		if err != nil && ctx.Err() == nil {
 			log.Warn("pvdrm session failed", "err", err)
 		}
 		// The next session waits for a front end that starts afresh (a
@@ -173,12 +219,25 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 
 // xenPVDRMSession serves one front end: handshake, placement, attach,
 // the ring, teardown.
-func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xenbus.Device, g aggregator.Guest, log *slog.Logger) error {
-	x, err := pvdrm.NewXenBack(ctx, pvdrm.XenBackConfig{Xenstore: xs, Device: dev, DevDir: h.opts.XenDevDir, GART: true, NoConnect: true})
+func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xenbus.Device, g aggregator.Guest, resume bool, log *slog.Logger) (err error) {
+	x, err := pvdrm.NewXenBack(ctx, pvdrm.XenBackConfig{Xenstore: xs, Device: dev, DevDir: h.opts.XenDevDir, GART: true, NoConnect: true, Resume: resume})
 	if err != nil {
 		return err
 	}
+	if !h.xenSessionStarts(g.DomID, x) {
+		// A handoff began meanwhile: the new process runs the handshake
+		// on (the device's states are left as they are).
+		return errors.Join(errXenHandedOff, x.Disown(), x.Close())
+	}
+	defer func() {
+		if h.xenSessionEnds(g.DomID) {
+			err = errXenHandedOff
+		}
+	}()
 	b, d := h.Place(g)
+	if r := h.restoreBoard(g.DomID); r != nil && x.Resumed() {
+		b = r // the image handed over waits there
+	}
 	if b == nil {
 		return errors.Join(fmt.Errorf("no board: %s", d.Reason), x.Close())
 	}
@@ -188,19 +247,29 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		}
 	}
 	var gart *pvdrm.XenGARTMapping
-	be, err := b.Agg.AttachPVDRMMapped(g, x.GARTSize(), func(at unsafe.Pointer) (func() error, error) {
+	mapGART := func(at unsafe.Pointer) (func() error, error) {
 		m, err := x.MapGART(at)
 		if err != nil {
 			return nil, err
 		}
 		gart = m
 		return m.Close, nil
-	}, x)
+	}
+	var be *aggregator.PVDRMBackend
+	if x.Resumed() {
+		// The front end goes on from where the previous process left
+		// it: only the image handed over can give it its vGPU.
+		be, err = b.Agg.AttachPVDRMRestoredMapped(g, x.GARTSize(), mapGART, x)
+	} else {
+		be, err = b.Agg.AttachPVDRMMapped(g, x.GARTSize(), mapGART, x)
+	}
 	if err != nil {
 		return errors.Join(err, x.Close())
 	}
 	w := be.Welcome()
-	if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
+	if x.Resumed() {
+		log.Info("pvdrm device taken over from the previous daemon process", "vgpu", w.VGPU, "board", b.Name)
+	} else if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
 		return errors.Join(err, be.Close())
 	}
 	// Grant mappings: the ring's (one, of its pages) and the GART heap's.

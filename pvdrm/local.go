@@ -25,6 +25,11 @@ type Local struct {
 	out, in *os.File // eventfds: this end writes out and waits on in
 }
 
+// ResumesHandoff reports that the front end comes back by itself after a
+// saved Bye (a handoff of the daemon included): it dials again with the
+// same ring and GART heap.
+func (l *Local) ResumesHandoff() bool { return true }
+
 // Ring size limits (pages of 4 KiB).
 const (
 	MinRingPages = 1

@@ -287,6 +287,11 @@ type XenBackConfig struct {
 	// NoConnect leaves the switch to Connected to the caller (Connect),
 	// which may first set the device up and say what it granted.
 	NoConnect bool
+	// Resume takes over a device an earlier back-end process left
+	// Connected when it handed itself over (Disown): no state is
+	// switched, the front end sees nothing; Resumed reports it. A device
+	// not Connected gets the handshake as without Resume.
+	Resume bool
 }
 
 // XenBack is the back end (dom0) of the xen transport. Notify and Wait
@@ -296,9 +301,14 @@ type XenBack struct {
 	gnt  *xen.Gntdev
 	ring *xen.GrantMapping
 	xenEvents
-	version   uint32
-	devDir    string
-	front     uint16
+	version uint32
+	devDir  string
+	front   uint16
+	// resumed: the device was taken over Connected (XenBackConfig.Resume).
+	resumed bool
+	// disowned: the device is handed to another back-end process
+	// (Disown): Close releases this process's mappings and port only.
+	disowned  bool
 	gartRef   uint32
 	gartPages int
 }
@@ -333,8 +343,20 @@ func NewXenBack(ctx context.Context, cfg XenBackConfig) (*XenBack, error) {
 
 func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	var err error
-	if x.link, err = xenbus.StartBack(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
-		return err
+	if cfg.Resume {
+		x.link, err = xenbus.ResumeBack(ctx, cfg.Xenstore, cfg.Device, Version)
+		x.resumed = err == nil
+		if errors.Is(err, xenbus.ErrNotConnected) {
+			err = nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if x.link == nil {
+		if x.link, err = xenbus.StartBack(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
+			return err
+		}
 	}
 	var keys []xenbus.ExtraKey
 	if cfg.GART {
@@ -363,10 +385,37 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if err := armLiveness(mem, x.ring, xenBackAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
-	if cfg.NoConnect {
+	if cfg.NoConnect || x.resumed {
 		return nil
 	}
 	return x.link.Connect(ctx)
+}
+
+// Resumed reports whether the device was taken over Connected
+// (XenBackConfig.Resume): its front end goes on from where the earlier
+// back end left it, and Connect must not be called.
+func (x *XenBack) Resumed() bool { return x.resumed }
+
+// ResumesHandoff reports that a daemon handing itself to a new process can
+// hand this back end over (Disown; the new process resumes it).
+func (x *XenBack) ResumesHandoff() bool { return true }
+
+// Disown prepares the device for a new back-end process of the daemon: the
+// unmap notification is disarmed, so that this process's mapping going —
+// Close, or the exec — does not tell the front end its back end went, and
+// Close then releases this process's mappings and port without switching
+// any state. The front end waits, its requests on the ring, for the new
+// process (XenBackConfig.Resume), which binds its port again: Xen left it
+// unbound to dom0 when this process's end closed.
+func (x *XenBack) Disown() error {
+	if x.ring == nil {
+		return errors.New("pvdrm xen back: no ring to hand over")
+	}
+	if err := x.ring.SetUnmapNotify(len(x.ring.Mem())-xenBackAliveOff, 0, 0); err != nil {
+		return err
+	}
+	x.disowned = true
+	return nil
 }
 
 // Connect switches to Connected (after NewXenBack with NoConnect),
@@ -418,10 +467,11 @@ func (x *XenBack) Version() uint32 { return x.version }
 func (x *XenBack) Xenbus() *xenbus.Back { return x.link }
 
 // Close unmaps the ring (the front end is notified), unbinds the port, and
-// switches to Closing and then Closed.
+// switches to Closing and then Closed; after Disown it only unmaps and
+// unbinds.
 func (x *XenBack) Close() error {
 	errs := []error{x.release()}
-	if x.link != nil {
+	if x.link != nil && !x.disowned {
 		ctx, cancel := context.WithTimeout(context.Background(), xenCleanupTimeout)
 		defer cancel()
 		errs = append(errs, x.link.Closing(ctx), x.link.Closed(ctx))

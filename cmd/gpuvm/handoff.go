@@ -174,6 +174,10 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 		return errors.Join(err, inheritable(pass, false))
 	}
 	committed = true
+	if err := u.h.HandOffXenPVDRM(); err != nil {
+		// That device's front end finds its back end gone at the exec.
+		u.log.Warn("handoff: a Xen pvdrm device could not be handed over", "err", err)
+	}
 	u.commitAll(held)
 	u.log.Info("handoff: exec'ing the new daemon process", "binary", exe, "vgpus", len(held), "vram_kept_in_place", kept,
 		"image_bytes", bytes, "took", time.Since(start))
@@ -283,6 +287,7 @@ func (u *upgrader) giveBack(held []heldVGPU, committed bool) error {
 		hv.image.Close()
 	}
 	if committed {
+		u.h.XenPVDRMHandoffFailed()
 		u.log.Warn("handoff: the vGPUs resume on this process", "vgpus", len(held))
 	}
 	return errors.Join(errs...)

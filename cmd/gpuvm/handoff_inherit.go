@@ -211,6 +211,9 @@ func listenSockets(cfg config.Config, inh *inherited, h *host.Host, spin int, lo
 		}
 	}
 	inh.register(h, log)
+	for _, err := range h.ResumeXenPVDRM(inh.m.XenPVDRM) {
+		log.Error("handoff: a Xen pvdrm back end is lost", "err", err)
+	}
 	if inh.m.Socket.Path != cfg.Daemon.Socket || inh.m.Control.Path != cfg.Daemon.ControlSocket {
 		log.Warn("handoff: the configuration names other sockets: they take effect at a restart", "serving", inh.m.Socket.Path,
 			"control", inh.m.Control.Path)

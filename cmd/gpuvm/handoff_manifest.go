@@ -33,6 +33,9 @@ type handoffManifest struct {
 	// Host is the domains' registered settings and the boards cordoned
 	// (version 2).
 	Host *host.HandoffState `json:"host,omitempty"`
+	// XenPVDRM are the Xen pvdrm back ends: the new process takes their
+	// devices over (§15.5).
+	XenPVDRM []host.XenPVDRMHandoff `json:"xen_pvdrm,omitempty"`
 }
 
 // handoffBoard is a board's VRAM handed over: its size and the memfd of
@@ -134,7 +137,7 @@ func (u *upgrader) waitingImages() ([]heldVGPU, error) {
 // manifest writes §15.2's manifest into a new memfd.
 func (u *upgrader) manifest(sock, ctl *os.File, held, waiting []heldVGPU, vram []boardVRAM) (*os.File, error) {
 	st := u.h.HandoffState()
-	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(), Host: &st,
+	m := handoffManifest{Version: handoffVersion, PID: os.Getpid(), Host: &st, XenPVDRM: u.h.XenPVDRMBacks(),
 		Socket:  handoffSocket{Path: u.ln.Addr(), FD: int(sock.Fd())},
 		Control: handoffSocket{Path: u.ctl.path, FD: int(ctl.Fd())}}
 	for _, hv := range held {

@@ -34,8 +34,7 @@ func serveCommand() *cli.Command {
 			"it down cleanly: every vGPU is torn down and every slice scrubbed. SIGUSR2 upgrades it in\n" +
 			"place: every vGPU is handed to the binary now at the daemon's path, exec'ed in the same PID,\n" +
 			"with the board's VRAM kept where it is, and the guests pause and go on (refused while a\n" +
-			"pvdrm Xen domain, or a Xen domain whose device model does not resume, is attached;\n" +
-			"docs/protocol.md §15).",
+			"Xen domain whose device model does not resume is attached; docs/protocol.md §15).",
 		Flags: []cli.Flag{
 			&cli.PathFlag{Name: "config", Aliases: []string{"c"}, Usage: "TOML config (see examples/gpuvm.toml); defaults apply without one"},
 			&cli.PathFlag{Name: "socket", Usage: "override daemon.socket"},

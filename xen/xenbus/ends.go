@@ -260,6 +260,38 @@ func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint3
 	return b, nil
 }
 
+// ErrNotConnected is returned by ResumeBack for a device whose back end is
+// not Connected: there is no connection to take over, and the caller runs
+// the handshake (StartBack).
+var ErrNotConnected = errors.New("xenbus: the back end is not connected")
+
+// ResumeBack takes over the back end of device d, Connected by an earlier
+// back-end process that let go of it without closing it (a daemon that
+// handed itself to a new process): it checks the directory's frontend-id
+// and frontend keys as StartBack does and that the back end is Connected
+// (else ErrNotConnected), and switches no state, so the front end sees
+// nothing. WaitRing then reads the ring the front end published.
+func ResumeBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	if version == 0 {
+		return nil, errors.New("xenbus: protocol version 0")
+	}
+	b := &Back{end: end{xs: xs, dev: d, own: d.BackendPath(), peer: d.FrontendPath()}, version: version}
+	if _, err := readPeerDir(ctx, xs, b.own, "frontend", d.FrontDomid, func(uint16) string { return b.peer }); err != nil {
+		return nil, err
+	}
+	st, err := readState(ctx, xs, b.own)
+	if err != nil {
+		return nil, err
+	}
+	if st != StateConnected {
+		return nil, fmt.Errorf("%s is %v: %w", b.own, st, ErrNotConnected)
+	}
+	return b, nil
+}
+
 // WaitRing waits for the front end to publish its ring (state Initialised,
 // or Connected) and reads it and the device's extra keys (into Ring.Extra),
 // checking every value. A front end that closes meanwhile fails it with

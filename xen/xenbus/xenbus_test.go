@@ -438,3 +438,39 @@ func TestExtraKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeBack: a new back-end process takes over a Connected device
+// without the front end seeing a state change, reading the ring it
+// published; a back end not Connected (InitWait: the handshake was under
+// way) is ErrNotConnected, and a directory naming another front end is
+// refused as StartBack refuses it.
+func TestResumeBack(t *testing.T) {
+	s, front, back := newTestDevice(t)
+	ctx := testCtx(t)
+	if _, err := ResumeBack(ctx, back, testDevice(), testVersion); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("resume of a device in state Initialising: %v", err)
+	}
+	_, _, r := handshake(t, front, back, []uint32{100, 101})
+	before := len(s.StateLog())
+	b, err := ResumeBack(ctx, s.Connect(t, 0), testDevice(), testVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.WaitRing(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r2.Refs, r.Refs) || r2.Port != r.Port || r2.Version != r.Version {
+		t.Fatalf("the resumed back end read %+v, the first %+v", r2, r)
+	}
+	if log := s.StateLog(); len(log) != before {
+		t.Fatalf("the resume switched states: %v", log[before:])
+	}
+	bp := testDevice().BackendPath()
+	if err := s.Connect(t, 0).Write(ctx, bp+"/frontend-id", "9"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ResumeBack(ctx, back, testDevice(), testVersion); err == nil || errors.Is(err, ErrNotConnected) {
+		t.Fatalf("resume of a device whose directory names another front end: %v", err)
+	}
+}
