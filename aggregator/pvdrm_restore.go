@@ -174,7 +174,9 @@ func (b *PVDRMBackend) restorePooled(x vgpuimage.PVDRMPooled) error {
 type movedGEM struct{ from, to, size uint64 }
 
 // importVRAM copies the image's VRAM pages into the restored objects'
-// VRAM: each page must lie inside one object as the image placed it.
+// VRAM: every byte of a page must lie in an object as the image placed it
+// (a page may span objects placed back to back: a migration stream joins
+// the ranges in use), and lands where that object is now.
 func (b *PVDRMBackend) importVRAM(pages []vgpuimage.Page, objs []movedGEM) error {
 	v := b.v
 	v.mu.Lock()
@@ -185,23 +187,27 @@ func (b *PVDRMBackend) importVRAM(pages []vgpuimage.Page, objs []movedGEM) error
 		return errors.New("the vGPU is not resident on a board that copies VRAM")
 	}
 	for _, p := range pages {
-		n := uint64(len(p.Data))
-		var dst uint64
-		found := false
-		for _, o := range objs {
-			if p.Off >= o.from && p.Off-o.from < o.size && o.size-(p.Off-o.from) >= n {
-				dst, found = o.to+(p.Off-o.from), true
-				break
+		end := p.Off + uint64(len(p.Data))
+		for pos := p.Off; pos < end; {
+			var o *movedGEM
+			for i := range objs {
+				if pos >= objs[i].from && pos-objs[i].from < objs[i].size {
+					o = &objs[i]
+					break
+				}
 			}
-		}
-		if !found {
-			return fmt.Errorf("VRAM page [%#x, +%#x) is in no VRAM object of the image", p.Off, n)
-		}
-		if dst >= slot.VRAM.Size || slot.VRAM.Size-dst < n {
-			return fmt.Errorf("VRAM page [%#x, +%#x) lands outside the slot", dst, n)
-		}
-		if err := in.ImportVRAM(p.Data, slot.VRAM.Base+dst); err != nil {
-			return fmt.Errorf("copying VRAM in: %w", err)
+			if o == nil {
+				return fmt.Errorf("VRAM page [%#x, +%#x): byte %#x is in no VRAM object of the image", p.Off, len(p.Data), pos)
+			}
+			n := min(end, o.from+o.size) - pos
+			dst := o.to + (pos - o.from)
+			if dst >= slot.VRAM.Size || slot.VRAM.Size-dst < n {
+				return fmt.Errorf("VRAM page [%#x, +%#x) lands outside the slot", pos, n)
+			}
+			if err := in.ImportVRAM(p.Data[pos-p.Off:pos-p.Off+n], slot.VRAM.Base+dst); err != nil {
+				return fmt.Errorf("copying VRAM in: %w", err)
+			}
+			pos += n
 		}
 	}
 	return nil

@@ -29,6 +29,11 @@ type pvdrmScene struct {
 	ctx      *gdev.Context
 	dev      gdev.DevPtr
 	pattern  []byte
+	// dev2 holds pattern2: a second VRAM object, allocated right after
+	// the first (a migration stream joins their ranges); none in scenes
+	// made by hand.
+	dev2     gdev.DevPtr
+	pattern2 []byte
 	image    []byte
 }
 
@@ -72,6 +77,13 @@ func savePVDRMSceneBy(t *testing.T, mode string, save func(src *Aggregator, v *V
 		t.Fatal(err)
 	}
 	if err := s.ctx.MemcpyHtoD(s.dev, s.pattern); err != nil {
+		t.Fatal(err)
+	}
+	s.pattern2 = bytes.Repeat([]byte{0xA5, 0x5A, 0x3C}, 1<<14)
+	if s.dev2, err = s.ctx.MemAlloc(uint64(len(s.pattern2))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ctx.MemcpyHtoD(s.dev2, s.pattern2); err != nil {
 		t.Fatal(err)
 	}
 	var img bytes.Buffer
@@ -144,6 +156,18 @@ func (s *pvdrmScene) verifyResumed(t *testing.T) {
 	}
 	if !bytes.Equal(got, s.pattern) {
 		t.Fatal("the VRAM buffer made before the save does not read back its contents")
+	}
+	if s.pattern2 != nil {
+		got2 := make([]byte, len(s.pattern2))
+		if err := s.ctx.MemcpyDtoH(got2, s.dev2); err != nil {
+			t.Fatalf("reading the second buffer made before the save: %v", err)
+		}
+		if !bytes.Equal(got2, s.pattern2) {
+			t.Fatal("the second VRAM buffer made before the save does not read back its contents")
+		}
+		if err := s.ctx.MemFree(s.dev2); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := maddOnce(s.ctx, 16); err != nil {
 		t.Fatalf("madd in the context opened before the save: %v", err)
@@ -227,6 +251,13 @@ func TestSavePVDRMKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s.ctx.MemcpyHtoD(s.dev, s.pattern); err != nil {
+		t.Fatal(err)
+	}
+	s.pattern2 = bytes.Repeat([]byte{0xA5, 0x5A, 0x3C}, 1<<14)
+	if s.dev2, err = s.ctx.MemAlloc(uint64(len(s.pattern2))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ctx.MemcpyHtoD(s.dev2, s.pattern2); err != nil {
 		t.Fatal(err)
 	}
 	var img bytes.Buffer
