@@ -8,7 +8,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/gpu"
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/vgpuimage"
@@ -150,8 +149,8 @@ func (a *Aggregator) migrate(ctx context.Context, m *migration, w io.Writer, opt
 	start := time.Now()
 	v := m.v
 	var st MigrateStats
-	if config.Mode(v.Guest.Mode).IsPVDRM() && v.pvdrmBackend() == nil {
-		return st, fmt.Errorf("migrate vGPU %d (mode %s): %w: its pvdrm back end is being attached", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	if err := pvdrmLeaves(v); err != nil {
+		return st, fmt.Errorf("migrate %w", err)
 	}
 	_, slot := v.where()
 	sw, err := vgpuimage.NewStreamWriter(w, slot.VRAM.Size)

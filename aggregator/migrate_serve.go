@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpuvm/gpuvm/config"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
@@ -82,8 +81,8 @@ func (a *Aggregator) serveMigrate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such vGPU"})
 		return
 	}
-	if config.Mode(v.Guest.Mode).IsPVDRM() && v.pvdrmBackend() == nil {
-		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": fmt.Sprintf("mode %s: %v: its pvdrm back end is being attached", v.Guest.Mode, ErrSaveUnsupported)})
+	if err := pvdrmLeaves(v); err != nil {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": err.Error()})
 		return
 	}
 	var opts MigrateOptions

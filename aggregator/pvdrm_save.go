@@ -140,3 +140,10 @@ func (b *PVDRMBackend) resumesHandoff() bool {
 	t, ok := b.t.(handoffTransport)
 	return ok && t.ResumesHandoff()
 }
+
+// frontEndRedials reports whether the front end dials a daemon again
+// after a saved Bye, wherever its state went: the local transport's does.
+func (b *PVDRMBackend) frontEndRedials() bool {
+	_, ok := b.t.(*pvdrm.Local)
+	return ok
+}

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -142,5 +143,46 @@ func TestPVDRMFrontEndResumes(t *testing.T) {
 	}
 	if w := fe.Welcome(); w.VGPU != uint32(dst.VGPUs()[1].ID) && w.VGPU != uint32(dst.VGPUs()[0].ID) {
 		t.Fatalf("the front end's Welcome names vGPU %d, not one of the restoring daemon's", w.VGPU)
+	}
+}
+
+// TestPVDRMFrontEndGivesUp: a pvdrm front end whose saved vGPU is
+// restored nowhere within its resume timeout gives up: its DRM calls and
+// its calls on the device-model connection fail with the reason — none
+// waits for a resume that will not come.
+func TestPVDRMFrontEndGivesUp(t *testing.T) {
+	src, _ := newTestAggregator(t, 2)
+	sock := serveOnSocket(t, src)
+	fe, err := pvdrm.DialLocal(context.Background(), pvdrm.DialConfig{Socket: sock, DomID: 22, Name: "drm-lost", Mode: "pvdrm",
+		GARTSize: 64 << 20, ResumeTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fe.Close() })
+	vs := src.VGPUs()
+	if len(vs) != 1 {
+		t.Fatalf("%d vGPUs", len(vs))
+	}
+	if _, err := src.Save(context.Background(), vs[0], io.Discard, false); err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	for i := range 2 { // during the resume, and after it gave up
+		done := make(chan error, 1)
+		go func() {
+			_, err := fe.Counters(CounterNames()[:1])
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatalf("call %d: counters of a vGPU restored nowhere", i)
+			}
+			t.Logf("call %d: %v", i, err)
+		case <-time.After(time.Minute): // a hang guard only
+			t.Fatalf("call %d: the counters call still waits after the resume gave up", i)
+		}
+	}
+	if _, err := fe.Client.Do(context.Background(), pvdrm.Request{Op: pvdrm.OpOpen}); err == nil {
+		t.Fatal("a DRM call succeeded after the resume gave up")
 	}
 }

@@ -93,6 +93,9 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, *SaveHold, error) {
 	start := time.Now()
 	var st SaveStats
+	if err := pvdrmLeaves(v); err != nil {
+		return st, nil, fmt.Errorf("save %w", err)
+	}
 	letGo, err := quiescePVDRM(ctx, v)
 	if err != nil {
 		return st, nil, fmt.Errorf("save %w", err)
@@ -153,6 +156,25 @@ func (v *VGPU) pvdrmBackend() *PVDRMBackend {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.pvdrm
+}
+
+// pvdrmLeaves says why v's state cannot leave this daemon for another (a
+// save, a migration), or nil if it can: a pvdrm vGPU's front end must
+// come back by itself after the saved Bye, which only the local
+// transport's does (a Xen front end's device is this daemon's; only a
+// handoff, whose new process takes the device over, moves it).
+func pvdrmLeaves(v *VGPU) error {
+	if !config.Mode(v.Guest.Mode).IsPVDRM() {
+		return nil
+	}
+	b := v.pvdrmBackend()
+	switch {
+	case b == nil:
+		return fmt.Errorf("vGPU %d (mode %s): %w: it has no pvdrm back end", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	case !b.frontEndRedials():
+		return fmt.Errorf("vGPU %d (mode %s): %w: its front end is on the xen transport, which does not follow it to another daemon", v.ID, v.Guest.Mode, ErrSaveUnsupported)
+	}
+	return nil
 }
 
 // quiescePVDRM stops a pvdrm vGPU's back end between two requests, as a

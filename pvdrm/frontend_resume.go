@@ -60,11 +60,12 @@ func (fe *FrontEnd) watch(local *Local) {
 	}
 }
 
-// endControl ends the device-model connection's term: c (nil: none, the
-// front end gave up) replaces it, and the calls that met its Bye go on.
-// It reports false, replacing nothing, if the front end is closing: Close
-// closes the connection it finds, so one put in after it looked would
-// stay open.
+// endControl ends the device-model connection's term: c replaces it, and
+// the calls that met its Bye go on on c; nil says the front end gave up,
+// and those calls, and every later one, fail with the Bye (ctlEnd stays
+// closed: no resume will come). It reports false, replacing nothing, if
+// the front end is closing: Close closes the connection it finds, so one
+// put in after it looked would stay open.
 func (fe *FrontEnd) endControl(c *ipc.Client) bool {
 	fe.mu.Lock()
 	defer fe.mu.Unlock()
@@ -73,11 +74,11 @@ func (fe *FrontEnd) endControl(c *ipc.Client) bool {
 		return false
 	default:
 	}
+	close(fe.ctlEnd)
 	if c != nil {
 		fe.ctl = c
+		fe.ctlEnd = make(chan struct{})
 	}
-	close(fe.ctlEnd)
-	fe.ctlEnd = make(chan struct{})
 	return true
 }
 
