@@ -87,7 +87,11 @@ func (a *Aggregator) servePVDRM(ctx context.Context, p *ipc.Pending, log *slog.L
 		}
 		served <- nil
 	}()
+	// A handoff's commit waits for this connection's end: its Bye must
+	// be written before the exec closes the socket (handoff.go).
+	connEnded := v.serving()
 	err = conn.Serve(sctx, pvdrmConn{v})
+	close(connEnded)
 	stop()
 	<-b.stopped
 	log.Info("pvdrm front end gone", "reason", err)

@@ -186,3 +186,46 @@ func TestPVDRMFrontEndGivesUp(t *testing.T) {
 		t.Fatal("a DRM call succeeded after the resume gave up")
 	}
 }
+
+// TestHandoffWaitsForPVDRMBye: a handoff's commit of a pvdrm vGPU of the
+// local transport returns only once its connection ended, the saved Bye
+// written — an exec right after it would otherwise close the socket with
+// the Bye unsent, and the front end would take that for a crash — and the
+// front end then resumes.
+func TestHandoffWaitsForPVDRMBye(t *testing.T) {
+	src, _ := newTestAggregator(t, 2)
+	dst, _ := newTestAggregator(t, 2)
+	srcSock, dstSock := serveOnSocket(t, src), serveOnSocket(t, dst)
+	fe, err := pvdrm.DialLocal(context.Background(), pvdrm.DialConfig{Socket: srcSock, DomID: 23, Name: "drm-handed", Mode: "pvdrm",
+		GARTSize: 64 << 20, ResumeTimeout: 30 * time.Second, ResumeSockets: []string{dstSock}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fe.Close() })
+	v := src.VGPUs()[0]
+	var img bytes.Buffer
+	h, err := src.Hold(context.Background(), v, &img, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.hangMu.Lock()
+	ended := v.connEnded
+	v.hangMu.Unlock()
+	if ended == nil {
+		t.Fatal("the pvdrm vGPU's connection is not one a commit waits for")
+	}
+	if err := h.Commit(); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	select {
+	case <-ended:
+	default:
+		t.Fatal("the commit returned before the connection ended")
+	}
+	if _, err := dst.RegisterRestore(23, &img); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fe.Counters(CounterNames()[:1]); err != nil {
+		t.Fatalf("the front end did not resume: %v", err)
+	}
+}
