@@ -38,8 +38,10 @@ type xenPVDRMService struct {
 	stop context.CancelFunc
 	req  XenPVDRMRequest
 	// session is the transport of the session serving now (nil between
-	// sessions), which a handoff disowns.
+	// sessions), which a handoff disowns if vgpu, the session's vGPU once
+	// attached, was held for it.
 	session *pvdrm.XenBack
+	vgpu    *aggregator.VGPU
 	// handedOff: the session's device was handed to a new process.
 	handedOff bool
 }
@@ -155,8 +157,14 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 		resume = false
 	}
 	defer func() {
-		if h.xenHandingOff() != nil {
-			return // the new process goes on with the device
+		if ch := h.xenHandingOff(); ch != nil {
+			// The new process goes on with the device; if the exec
+			// fails, it is this one's to remove.
+			select {
+			case <-ch:
+			case <-h.bg.Done():
+				return
+			}
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -183,23 +191,35 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 		log.Info("pvdrm device created; waiting for the guest's front end", "frontend", dev.FrontendPath())
 	}
 	for ctx.Err() == nil {
+		// While the daemon hands itself over no session starts: the new
+		// process runs it (or this one, if the handoff does not happen).
+		if ch := h.xenHandingOff(); ch != nil {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			resume = true
+		}
 		start := time.Now()
 		err := h.xenPVDRMSession(ctx, xs, dev, g, resume, log)
-		resume = false
 		if errors.Is(err, errXenHandedOff) {
 			// Handed to a new process: the exec ends this one. If it
-			// fails, this process takes the device over again.
-			if ch := h.xenHandingOff(); ch != nil {
-				select {
-				case <-ch:
-				case <-ctx.Done():
-					return context.Cause(ctx)
-				}
-			}
-			log.Info("pvdrm device: the handoff did not happen; taking the device over again")
+			// does not happen, this process takes the device over again.
+			log.Info("pvdrm device handed over: waiting for the exec")
 			resume = true
 			continue
 		}
+		if resume && err != nil && ctx.Err() == nil {
+			// Taken over as a handoff left it, and not served: the front
+			// end, which sees no liveness byte go, is told in xenstore.
+			log.Warn("pvdrm device handed over and not served: closing it", "err", err)
+			if cerr := xenbus.CloseBack(ctx, xs, dev); cerr != nil {
+				log.Warn("close the pvdrm device", "err", cerr)
+			}
+			err = nil
+		}
+		resume = false
 		if err != nil && ctx.Err() == nil {
 			log.Warn("pvdrm session failed", "err", err)
 		}
@@ -266,6 +286,7 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 	if err != nil {
 		return errors.Join(err, x.Close())
 	}
+	h.xenSessionAttached(g.DomID, be.VGPU())
 	w := be.Welcome()
 	if x.Resumed() {
 		log.Info("pvdrm device taken over from the previous daemon process", "vgpu", w.VGPU, "board", b.Name)

@@ -2,11 +2,16 @@ package host
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/pvdrm"
+	"github.com/gpuvm/gpuvm/xen/xenbus"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
 )
 
 // Xen pvdrm back ends across a handoff of the daemon (docs/protocol.md
@@ -43,13 +48,27 @@ func (h *Host) XenPVDRMBacks() []XenPVDRMHandoff {
 	return out
 }
 
-// HandOffXenPVDRM hands every Xen pvdrm back end to a new process of the
-// daemon, just before the vGPUs are committed to it: each serving
-// session's transport is disowned (its end going tells the front end
-// nothing, and its teardown switches no state), no new session starts,
-// and no device is removed. Until XenPVDRMHandoffFailed, the back ends
-// wait for the exec.
-func (h *Host) HandOffXenPVDRM() error {
+// BeginXenPVDRMHandoff holds back new sessions of the Xen pvdrm back ends
+// while the daemon hands itself to a new process: none starts a handshake
+// or attaches a vGPU the handoff does not hold. XenPVDRMHandoffEnded
+// lets them go on if the handoff does not happen.
+func (h *Host) BeginXenPVDRMHandoff() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.xenHandoff == nil {
+		h.xenHandoff = make(chan struct{})
+	}
+}
+
+// HandOffXenPVDRM hands the Xen pvdrm devices whose vGPU is held (held
+// says) to a new process of the daemon, just before the vGPUs are
+// committed to it: each such session's transport is disowned — its
+// mapping going tells the front end nothing, and its teardown switches no
+// state — and no device is removed. A session whose vGPU is not held
+// (attached as the handoff began) is left as it is: at the exec its
+// front end sees its back end go, as at a crash, and the new process
+// closes the device. Call BeginXenPVDRMHandoff first.
+func (h *Host) HandOffXenPVDRM(held func(*aggregator.VGPU) bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.xenHandoff == nil {
@@ -57,7 +76,7 @@ func (h *Host) HandOffXenPVDRM() error {
 	}
 	var errs []error
 	for domid, s := range h.xenPVDRM {
-		if s.session == nil {
+		if s.session == nil || s.vgpu == nil || !held(s.vgpu) {
 			continue
 		}
 		if err := s.session.Disown(); err != nil {
@@ -69,10 +88,11 @@ func (h *Host) HandOffXenPVDRM() error {
 	return errors.Join(errs...)
 }
 
-// XenPVDRMHandoffFailed ends a handoff whose exec failed: each back end
-// whose device was handed over takes it over again in this process, as
-// the new process would have.
-func (h *Host) XenPVDRMHandoffFailed() {
+// XenPVDRMHandoffEnded ends a handoff that did not happen (called off, or
+// its exec failed): sessions start again, and each back end whose device
+// was handed over takes it over again in this process, as the new
+// process would have.
+func (h *Host) XenPVDRMHandoffEnded() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.xenHandoff != nil {
@@ -84,12 +104,47 @@ func (h *Host) XenPVDRMHandoffFailed() {
 // ResumeXenPVDRM starts the Xen pvdrm back ends a previous process of the
 // daemon handed over: each takes its device over as that process left
 // it. The domains' settings must be registered first (ApplyHandoffState).
+// A back end that cannot start has its device closed (AbandonXenPVDRM).
 func (h *Host) ResumeXenPVDRM(backs []XenPVDRMHandoff) []error {
-	var errs []error
+	var errs, lost []error
 	for _, b := range backs {
 		if err := h.startXenPVDRM(b.DomID, b.Req, true); err != nil {
 			errs = append(errs, fmt.Errorf("domain %d's pvdrm back end: %w", b.DomID, err))
+			lost = append(lost, h.AbandonXenPVDRM([]XenPVDRMHandoff{b})...)
 		}
+	}
+	return append(errs, lost...)
+}
+
+// AbandonXenPVDRM closes the Xen pvdrm devices a previous process of the
+// daemon handed over and this one does not serve (it cannot start their
+// back ends, or the handoff's manifest was unusable): each back end is
+// switched to Closing and Closed, which its front end sees in xenstore
+// (its back end's liveness byte, disarmed by the handoff, says nothing),
+// and the device is removed.
+func (h *Host) AbandonXenPVDRM(backs []XenPVDRMHandoff) []error {
+	if len(backs) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(h.bg, 10*time.Second)
+	defer cancel()
+	xs, err := xenstore.Open()
+	if err != nil {
+		return []error{fmt.Errorf("close the handed-over pvdrm devices: %w", err)}
+	}
+	defer xs.Close()
+	self, err := xenbus.SelfDomid(ctx, xs)
+	if err != nil {
+		return []error{fmt.Errorf("close the handed-over pvdrm devices: %w", err)}
+	}
+	var errs []error
+	for _, b := range backs {
+		dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(b.DomID), BackDomid: self, DevID: b.Req.DevID}
+		if err := errors.Join(xenbus.CloseBack(ctx, xs, dev), xenbus.RemoveDevice(ctx, xs, dev)); err != nil {
+			errs = append(errs, fmt.Errorf("close domain %d's pvdrm device: %w", b.DomID, err))
+			continue
+		}
+		h.log.Warn("handoff: a handed-over pvdrm device is closed: its guest's front end fails", "domid", b.DomID, "devid", b.Req.DevID)
 	}
 	return errs
 }
@@ -110,8 +165,17 @@ func (h *Host) xenSessionStarts(domid uint32, x *pvdrm.XenBack) bool {
 	if h.xenHandoff != nil || s == nil {
 		return false
 	}
-	s.session, s.handedOff = x, false
+	s.session, s.vgpu, s.handedOff = x, nil, false
 	return true
+}
+
+// xenSessionAttached records domain domid's session's vGPU.
+func (h *Host) xenSessionAttached(domid uint32, v *aggregator.VGPU) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s := h.xenPVDRM[domid]; s != nil {
+		s.vgpu = v
+	}
 }
 
 // xenSessionEnds forgets domain domid's session and reports whether its
@@ -124,6 +188,6 @@ func (h *Host) xenSessionEnds(domid uint32) bool {
 		return false
 	}
 	handed := s.handedOff
-	s.session, s.handedOff = nil, false
+	s.session, s.vgpu, s.handedOff = nil, nil, false
 	return handed
 }

@@ -23,8 +23,11 @@ const (
 )
 
 // xenPeerPoll is how often a front end looks at the back end's liveness
-// byte.
-const xenPeerPoll = 100 * time.Millisecond
+// byte; every xenStateLooks looks it reads the back end's state too.
+const (
+	xenPeerPoll   = 100 * time.Millisecond
+	xenStateLooks = 10
+)
 
 // XenWelcomeKeys are the keys a back end publishes with Connected.
 func XenWelcomeKeys(w ipc.Welcome) []xenbus.Extra {
@@ -83,17 +86,30 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 	}
 	fe.Shares = NewXenShares(x.GART())
 	// The back end's mapping going (its vGPU destroyed, the daemon gone)
-	// fails what waits, as the local transport's goodbye does.
+	// fails what waits, as the local transport's goodbye does; so does
+	// the back end closing the device without its mapping going (a
+	// daemon that took the device over from a handoff and cannot serve
+	// it closes it so: docs/protocol.md §15.5), seen in xenstore.
 	go func() {
 		t := time.NewTicker(xenPeerPoll)
 		defer t.Stop()
-		for {
+		for tick := 1; ; tick++ {
 			select {
 			case <-fe.Client.done:
 				return
 			case <-t.C:
 				if x.PeerGone() {
 					fe.Client.Abort(errors.New("pvdrm xen: the back end let go of the ring"))
+					return
+				}
+				if tick%xenStateLooks != 0 {
+					continue
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
+				st, err := x.Xenbus().PeerState(sctx)
+				cancel()
+				if err == nil && (st == xenbus.StateClosing || st == xenbus.StateClosed || st == xenbus.StateUnknown) {
+					fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end closed the device (%v)", st))
 					return
 				}
 			}

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -299,6 +300,9 @@ type XenBackConfig struct {
 type XenBack struct {
 	link *xenbus.Back
 	gnt  *xen.Gntdev
+	// mu guards ring and disowned: a handoff disowns the transport from
+	// another goroutine than the session's, which may be closing it.
+	mu   sync.Mutex
 	ring *xen.GrantMapping
 	xenEvents
 	version uint32
@@ -408,8 +412,10 @@ func (x *XenBack) ResumesHandoff() bool { return true }
 // process (XenBackConfig.Resume), which binds its port again: Xen left it
 // unbound to dom0 when this process's end closed.
 func (x *XenBack) Disown() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	if x.ring == nil {
-		return errors.New("pvdrm xen back: no ring to hand over")
+		return errors.New("pvdrm xen back: no ring to hand over (the device was closed)")
 	}
 	if err := x.ring.SetUnmapNotify(len(x.ring.Mem())-xenBackAliveOff, 0, 0); err != nil {
 		return err
@@ -449,6 +455,8 @@ func (x *XenBack) MapGART(at unsafe.Pointer) (*XenGARTMapping, error) {
 
 // Ring returns the shared ring memory (the front end's pages, mapped).
 func (x *XenBack) Ring() []byte {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	if x.ring == nil {
 		return nil
 	}
@@ -458,7 +466,11 @@ func (x *XenBack) Ring() []byte {
 // PeerGone reports whether the front end's grant went away (its process
 // exited or closed the transport): its unmap notification cleared the
 // byte, and kicked this end.
-func (x *XenBack) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.Mem(), xenFrontAliveOff) }
+func (x *XenBack) PeerGone() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.ring == nil || !peerAlive(x.ring.Mem(), xenFrontAliveOff)
+}
 
 // Version returns the protocol version the front end chose.
 func (x *XenBack) Version() uint32 { return x.version }
@@ -471,7 +483,10 @@ func (x *XenBack) Xenbus() *xenbus.Back { return x.link }
 // unbinds.
 func (x *XenBack) Close() error {
 	errs := []error{x.release()}
-	if x.link != nil && !x.disowned {
+	x.mu.Lock()
+	disowned := x.disowned
+	x.mu.Unlock()
+	if x.link != nil && !disowned {
 		ctx, cancel := context.WithTimeout(context.Background(), xenCleanupTimeout)
 		defer cancel()
 		errs = append(errs, x.link.Closing(ctx), x.link.Closed(ctx))
@@ -482,10 +497,12 @@ func (x *XenBack) Close() error {
 
 func (x *XenBack) release() error {
 	var errs []error
+	x.mu.Lock()
 	if x.ring != nil {
 		errs = append(errs, x.ring.Close())
 		x.ring = nil
 	}
+	x.mu.Unlock()
 	if x.ev != nil {
 		errs = append(errs, x.ev.Close())
 		x.ev = nil

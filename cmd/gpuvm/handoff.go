@@ -109,12 +109,17 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 	if err := unix.Access(exe, unix.X_OK); err != nil {
 		return fmt.Errorf("refused, nothing changed: the binary %s: %w", exe, err)
 	}
+	// No Xen pvdrm session starts from here on: none attaches a vGPU
+	// that is not held.
+	u.h.BeginXenPVDRMHandoff()
 	sock, err := u.ln.HandOff()
 	if err != nil {
+		u.h.XenPVDRMHandoffEnded()
 		return fmt.Errorf("the device socket: %w", err)
 	}
 	ctl, err := u.ctl.handOff()
 	if err != nil {
+		u.h.XenPVDRMHandoffEnded()
 		return errors.Join(fmt.Errorf("the control socket: %w", err), u.ln.Resume(sock))
 	}
 	var held []heldVGPU
@@ -124,6 +129,7 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 			return
 		}
 		err = errors.Join(err, u.giveBack(held, committed))
+		u.h.XenPVDRMHandoffEnded() // after the images are back: a Xen pvdrm device taken over again restores from one
 		err = errors.Join(err, u.ln.Resume(sock), u.ctl.resume(ctl))
 	}()
 	held, err = u.holdAll(ctx, held)
@@ -174,7 +180,11 @@ func (u *upgrader) handOff(ctx context.Context) (err error) {
 		return errors.Join(err, inheritable(pass, false))
 	}
 	committed = true
-	if err := u.h.HandOffXenPVDRM(); err != nil {
+	isHeld := map[*aggregator.VGPU]bool{}
+	for _, hv := range held {
+		isHeld[hv.hold.VGPU()] = true
+	}
+	if err := u.h.HandOffXenPVDRM(func(v *aggregator.VGPU) bool { return isHeld[v] }); err != nil {
 		// That device's front end finds its back end gone at the exec.
 		u.log.Warn("handoff: a Xen pvdrm device could not be handed over", "err", err)
 	}
@@ -287,7 +297,6 @@ func (u *upgrader) giveBack(held []heldVGPU, committed bool) error {
 		hv.image.Close()
 	}
 	if committed {
-		u.h.XenPVDRMHandoffFailed()
 		u.log.Warn("handoff: the vGPUs resume on this process", "vgpus", len(held))
 	}
 	return errors.Join(errs...)

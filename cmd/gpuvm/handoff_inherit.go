@@ -38,27 +38,46 @@ type inherited struct {
 
 // inheritHandoff takes over what the previous process of this PID handed
 // over ($GPUVM_HANDOFF); nil, nil when it was started afresh. Every
-// inherited fd is made close-on-exec again, so none leaks to a child.
-func inheritHandoff() (*inherited, error) {
+// inherited fd is made close-on-exec again, so none leaks to a child. A
+// manifest that is unusable is an error; the Xen pvdrm devices it names,
+// if it is this PID's, are returned all the same: the previous process
+// disowned them, and the caller closes them (host.AbandonXenPVDRM).
+func inheritHandoff() (in *inherited, orphans []host.XenPVDRMHandoff, err error) {
+	in, raw, err := inheritManifest()
+	if err != nil && raw != nil {
+		var lenient struct {
+			PID      int                    `json:"pid"`
+			XenPVDRM []host.XenPVDRMHandoff `json:"xen_pvdrm"`
+		}
+		if json.Unmarshal(raw, &lenient) == nil && lenient.PID == os.Getpid() {
+			orphans = lenient.XenPVDRM
+		}
+	}
+	return in, orphans, err
+}
+
+// inheritManifest is inheritHandoff; it returns the manifest's bytes too
+// (nil if it could not read them).
+func inheritManifest() (*inherited, []byte, error) {
 	v, ok := os.LookupEnv(handoffEnv)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
 	os.Unsetenv(handoffEnv)
 	fd, err := strconv.Atoi(v)
 	if err != nil || fd < 3 {
-		return nil, fmt.Errorf("$%s=%q: not an inherited fd", handoffEnv, v)
+		return nil, nil, fmt.Errorf("$%s=%q: not an inherited fd", handoffEnv, v)
 	}
 	unix.CloseOnExec(fd)
 	mf := os.NewFile(uintptr(fd), "handoff-manifest")
 	defer mf.Close()
 	raw, err := io.ReadAll(io.NewSectionReader(mf, 0, maxManifest))
 	if err != nil {
-		return nil, fmt.Errorf("handoff manifest: %w", err)
+		return nil, nil, fmt.Errorf("handoff manifest: %w", err)
 	}
 	in := &inherited{}
 	if err := decodeManifest(raw, &in.m); err != nil {
-		return nil, err
+		return nil, raw, err
 	}
 	seen := map[int]bool{fd: true}
 	file := func(fd int, name string) (*os.File, error) {
@@ -103,9 +122,9 @@ func inheritHandoff() (*inherited, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		in.close()
-		return nil, err
+		return nil, raw, err
 	}
-	return in, nil
+	return in, raw, nil
 }
 
 // decodeManifest decodes and checks a manifest: its version, and that it

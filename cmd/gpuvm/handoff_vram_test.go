@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpuvm/gpuvm/aggregator"
 	"github.com/gpuvm/gpuvm/config"
@@ -83,5 +87,36 @@ func TestHandedOverKeptSlotRenewedWhenImageRefused(t *testing.T) {
 	}
 	if bytes.Equal(got, secret) || len(agg.KeptSlots()) != 0 || agg.Room() != 2 {
 		t.Fatalf("slot 1 after its image was refused: room %d, kept %v, holds %q", agg.Room(), agg.KeptSlots(), got[:16])
+	}
+}
+
+// TestUnusableManifestNamesItsXenDevices: a manifest the new process
+// cannot use (here, of a version it does not read) still gives up the Xen
+// pvdrm devices it lists when it is this PID's — the previous process
+// disowned them, and the new one must close them or their front ends
+// wait forever — and none when it is another process's.
+func TestUnusableManifestNamesItsXenDevices(t *testing.T) {
+	for _, tc := range []struct {
+		pid  int
+		want int
+	}{{os.Getpid(), 1}, {os.Getpid() + 1, 0}} {
+		f, err := memfd("test-manifest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(f, `{"version": 99, "pid": %d, "xen_pvdrm": [{"domid": 7, "request": {"name": "pv7", "devid": 0}}]}`, tc.pid)
+		fd, err := unix.Dup(int(f.Fd())) // inheritHandoff closes the one it is given
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(handoffEnv, strconv.Itoa(fd))
+		in, orphans, err := inheritHandoff()
+		if err == nil || in != nil {
+			t.Fatalf("pid %d: a manifest of version 99 was used: %v", tc.pid, err)
+		}
+		if len(orphans) != tc.want || (tc.want == 1 && (orphans[0].DomID != 7 || orphans[0].Req.Name != "pv7")) {
+			t.Errorf("pid %d: orphans %+v, want %d", tc.pid, orphans, tc.want)
+		}
 	}
 }

@@ -108,7 +108,7 @@ func runServe(c *cli.Context) error {
 	}
 	// What a previous process of this PID handed over (handoff.go), taken
 	// before anything else so that none of it leaks.
-	inh, err := inheritHandoff()
+	inh, orphans, err := inheritHandoff()
 	if err != nil {
 		log.Error("handoff: what the previous process handed over is unusable: starting afresh", "err", err)
 	}
@@ -120,6 +120,9 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer h.Close()
+	for _, err := range h.AbandonXenPVDRM(orphans) {
+		log.Error("handoff: a handed-over pvdrm device could not be closed: its guest's front end waits", "err", err)
+	}
 	for _, p := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
 		if err := socketDir(filepath.Dir(p)); err != nil {
 			return err

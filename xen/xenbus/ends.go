@@ -292,6 +292,18 @@ func ResumeBack(ctx context.Context, xs *xenstore.Client, d Device, version uint
 	return b, nil
 }
 
+// CloseBack switches the back end of device d to Closing and then Closed
+// without a Back: a back-end process that cannot serve a device an
+// earlier one left Connected tells its front end so. A directory already
+// removed is not an error.
+func CloseBack(ctx context.Context, xs *xenstore.Client, d Device) error {
+	if err := d.check(); err != nil {
+		return err
+	}
+	e := &end{xs: xs, dev: d, own: d.BackendPath(), peer: d.FrontendPath()}
+	return errors.Join(e.Announce(ctx, StateClosing), e.Announce(ctx, StateClosed))
+}
+
 // WaitRing waits for the front end to publish its ring (state Initialised,
 // or Connected) and reads it and the device's extra keys (into Ring.Extra),
 // checking every value. A front end that closes meanwhile fails it with

@@ -442,8 +442,9 @@ func TestExtraKeys(t *testing.T) {
 // TestResumeBack: a new back-end process takes over a Connected device
 // without the front end seeing a state change, reading the ring it
 // published; a back end not Connected (InitWait: the handshake was under
-// way) is ErrNotConnected, and a directory naming another front end is
-// refused as StartBack refuses it.
+// way) is ErrNotConnected, a back end that cannot serve it closes it
+// (CloseBack), and a directory naming another front end is refused as
+// StartBack refuses it.
 func TestResumeBack(t *testing.T) {
 	s, front, back := newTestDevice(t)
 	ctx := testCtx(t)
@@ -465,6 +466,14 @@ func TestResumeBack(t *testing.T) {
 	}
 	if log := s.StateLog(); len(log) != before {
 		t.Fatalf("the resume switched states: %v", log[before:])
+	}
+	// A back end that cannot serve it closes it: the front end reads
+	// Closed.
+	if err := CloseBack(ctx, s.Connect(t, 0), testDevice()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := (&end{xs: front, own: testDevice().FrontendPath(), peer: testDevice().BackendPath()}).PeerState(ctx); err != nil || st != StateClosed {
+		t.Fatalf("the front end sees the closed back end %v, %v", st, err)
 	}
 	bp := testDevice().BackendPath()
 	if err := s.Connect(t, 0).Write(ctx, bp+"/frontend-id", "9"); err != nil {
