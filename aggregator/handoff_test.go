@@ -148,14 +148,7 @@ func TestHandoffOfPVDRM(t *testing.T) {
 				}
 				return h.Stats, h.Commit()
 			})
-			if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
-				t.Fatalf("register: %v", err)
-			}
-			if err := s.resume(t); err != nil {
-				t.Fatalf("resume: %v", err)
-			}
-			s.verifyResumed(t)
-			checkHonest(t, s.honest, s.marker)
+			s.restoreVerified(t)
 		})
 	}
 }

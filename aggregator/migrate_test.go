@@ -409,14 +409,7 @@ func TestMigratePVDRM(t *testing.T) {
 				}
 				return SaveStats{Bytes: st.InUse, Pause: st.PauseNs}, vgpuimage.Encode(w, img)
 			})
-			if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
-				t.Fatalf("register: %v", err)
-			}
-			if err := s.resume(t); err != nil {
-				t.Fatalf("resume: %v", err)
-			}
-			s.verifyResumed(t)
-			checkHonest(t, s.honest, s.marker)
+			s.restoreVerified(t)
 		})
 	}
 }

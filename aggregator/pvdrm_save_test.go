@@ -134,6 +134,20 @@ func (s *pvdrmScene) resume(t *testing.T) error {
 	return nil
 }
 
+// restoreVerified registers s's image on s.dst, resumes the front end on
+// it and runs its next verified work there; the honest VM is untouched.
+func (s *pvdrmScene) restoreVerified(t *testing.T) {
+	t.Helper()
+	if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	if err := s.resume(t); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	s.verifyResumed(t)
+	checkHonest(t, s.honest, s.marker)
+}
+
 // onlyHonest checks that nothing but the honest VM is attached on s.dst
 // and that its marker is untouched.
 func (s *pvdrmScene) onlyHonest(t *testing.T) {

@@ -239,6 +239,24 @@ type Back struct {
 // offers version and the largest ring (MaxRingPageOrder), and switches to
 // InitWait.
 func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
+	b, err := newBack(ctx, xs, d, version)
+	if err != nil {
+		return nil, err
+	}
+	err = switchState(ctx, xs, b.own, StateInitWait, func(tx xenstore.Tx) error {
+		return errors.Join(
+			tx.Write(ctx, b.own+"/protocol-version", fmt.Sprint(version)),
+			tx.Write(ctx, b.own+"/max-ring-page-order", fmt.Sprint(MaxRingPageOrder)))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// newBack is device d's back end, its directory checked: its frontend-id
+// and frontend keys must name exactly the device's front end.
+func newBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
@@ -247,14 +265,6 @@ func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint3
 	}
 	b := &Back{end: end{xs: xs, dev: d, own: d.BackendPath(), peer: d.FrontendPath()}, version: version}
 	if _, err := readPeerDir(ctx, xs, b.own, "frontend", d.FrontDomid, func(uint16) string { return b.peer }); err != nil {
-		return nil, err
-	}
-	err := switchState(ctx, xs, b.own, StateInitWait, func(tx xenstore.Tx) error {
-		return errors.Join(
-			tx.Write(ctx, b.own+"/protocol-version", fmt.Sprint(version)),
-			tx.Write(ctx, b.own+"/max-ring-page-order", fmt.Sprint(MaxRingPageOrder)))
-	})
-	if err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -272,14 +282,8 @@ var ErrNotConnected = errors.New("xenbus: the back end is not connected")
 // (else ErrNotConnected), and switches no state, so the front end sees
 // nothing. WaitRing then reads the ring the front end published.
 func ResumeBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	if version == 0 {
-		return nil, errors.New("xenbus: protocol version 0")
-	}
-	b := &Back{end: end{xs: xs, dev: d, own: d.BackendPath(), peer: d.FrontendPath()}, version: version}
-	if _, err := readPeerDir(ctx, xs, b.own, "frontend", d.FrontDomid, func(uint16) string { return b.peer }); err != nil {
+	b, err := newBack(ctx, xs, d, version)
+	if err != nil {
 		return nil, err
 	}
 	st, err := readState(ctx, xs, b.own)
