@@ -42,7 +42,9 @@ func vgpuMigrateCommand(ctl cli.Flag) *cli.Command {
 			"channels, PV tables and account follow. The destination checks all of it as it checks a\n" +
 			"restored image and holds it for the domain; only on its ok is the vGPU destroyed here,\n" +
 			"its device model told to resume on the destination. On any failure the vGPU stays here\n" +
-			"(its guest's next access resumes it).\n\n" +
+			"(its guest's next access resumes it). A pvdrm vGPU's back end stops between two requests\n" +
+			"for the stop, and its VRAM objects, files and buffers follow; its front end must be on\n" +
+			"the local transport.\n\n" +
 			"The destination is a daemon's control socket on this host (--to-control), or COMMAND\n" +
 			"run by sh -c with \" --domid N\" appended (--ssh 'ssh host gpuvm vgpu migrate-receive'):\n" +
 			"the stream goes to its stdin and it answers one line on stdout. Prints the migration's\n" +

@@ -41,8 +41,9 @@ func vgpuSaveCommand(ctl cli.Flag) *cli.Command {
 			"paused; a save that fails before (a short stream, a full disk) is aborted and the vGPU\n" +
 			"resumes on the daemon, with no FILE left. With --keep it stays parked and its guest's\n" +
 			"next access resumes it here. A pvdrm vGPU's image holds its back end's files, GEM objects,\n" +
-			"channels and pooled buffers too (its front end resumes over the local transport; not yet\n" +
-			"over Xen's). gpuvm vgpu restore gives the image to this or another daemon.\n\n" +
+			"channels and pooled buffers too; its front end resumes over the local transport (one on\n" +
+			"Xen's transport is refused: its device stays with this daemon, which a handoff moves).\n" +
+			"gpuvm vgpu restore gives the image to this or another daemon.\n\n" +
 			"Exit status: 0 once FILE holds the image; 1 if there is no such vGPU, it cannot be\n" +
 			"saved, or the image could not be stored (the vGPU then resumes); 2 for bad arguments.",
 		Flags: []cli.Flag{ctl, &cli.BoolFlag{Name: "keep", Usage: "leave the vGPU parked instead of destroying it"}},
