@@ -35,8 +35,12 @@ type XenPVDRMRequest struct {
 // xenPVDRMService is one domain's running pvdrm back end. Its fields but
 // stop are guarded by Host.mu.
 type xenPVDRMService struct {
+	ctx  context.Context // ended: the back end is stopping
 	stop context.CancelFunc
 	req  XenPVDRMRequest
+	// attaching: a session is between its handshake and its vGPU's
+	// attach (a handoff waits for it to end).
+	attaching bool
 	// session is the transport of the session serving now (nil between
 	// sessions), which a handoff disowns if vgpu, the session's vGPU once
 	// attached, was held for it.
@@ -100,7 +104,7 @@ func (h *Host) startXenPVDRM(domid uint32, req XenPVDRMRequest, resume bool) err
 		return fmt.Errorf("domain %d: %d pvdrm back ends run already (at most %d)", domid, len(h.xenPVDRM), max)
 	}
 	ctx, stop := context.WithCancel(h.bg)
-	h.xenPVDRM[domid] = &xenPVDRMService{stop: stop, req: req}
+	h.xenPVDRM[domid] = &xenPVDRMService{ctx: ctx, stop: stop, req: req}
 	h.bgWait.Add(1)
 	go func() {
 		defer h.bgWait.Done()
@@ -150,11 +154,16 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 		return err
 	}
 	dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(g.DomID), BackDomid: self, DevID: devID}
-	if _, err := xs.Read(ctx, dev.BackendPath()+"/state"); !resume || err != nil {
+	switch _, err := xs.Read(ctx, dev.BackendPath()+"/state"); {
+	case !resume || errors.Is(err, fs.ErrNotExist):
 		if err := xenbus.CreateDevice(ctx, xs, dev); err != nil {
 			return fmt.Errorf("create the pvdrm device: %w", err)
 		}
 		resume = false
+	case err != nil:
+		// Not made afresh under a front end that may be connected:
+		// closed, so that it learns.
+		return errors.Join(fmt.Errorf("the handed-over pvdrm device: %w", err), xenbus.CloseBack(ctx, xs, dev))
 	}
 	defer func() {
 		if ch := h.xenHandingOff(); ch != nil {

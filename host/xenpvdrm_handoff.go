@@ -42,6 +42,9 @@ func (h *Host) XenPVDRMBacks() []XenPVDRMHandoff {
 	defer h.mu.Unlock()
 	var out []XenPVDRMHandoff
 	for domid, s := range h.xenPVDRM {
+		if s.ctx.Err() != nil {
+			continue // stopping: not to be started again by the new process
+		}
 		out = append(out, XenPVDRMHandoff{DomID: domid, Req: s.req})
 	}
 	slices.SortFunc(out, func(a, b XenPVDRMHandoff) int { return cmp.Compare(a.DomID, b.DomID) })
@@ -54,10 +57,32 @@ func (h *Host) XenPVDRMBacks() []XenPVDRMHandoff {
 // lets them go on if the handoff does not happen.
 func (h *Host) BeginXenPVDRMHandoff() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.xenHandoff == nil {
 		h.xenHandoff = make(chan struct{})
 	}
+	h.mu.Unlock()
+	// A session past its handshake attaches its vGPU before the holds
+	// begin, so that it is held (a bounded wait: an attach is short).
+	for deadline := time.Now().Add(xenAttachWait); time.Now().Before(deadline) && h.xenAttaching(); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// xenAttachWait bounds BeginXenPVDRMHandoff's wait for sessions that are
+// attaching their vGPU.
+const xenAttachWait = 10 * time.Second
+
+// xenAttaching reports whether a session is between its handshake and its
+// vGPU's attach.
+func (h *Host) xenAttaching() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.xenPVDRM {
+		if s.attaching {
+			return true
+		}
+	}
+	return false
 }
 
 // HandOffXenPVDRM hands the Xen pvdrm devices whose vGPU is held (held
@@ -120,8 +145,10 @@ func (h *Host) ResumeXenPVDRM(backs []XenPVDRMHandoff) []error {
 // daemon handed over and this one does not serve (it cannot start their
 // back ends, or the handoff's manifest was unusable): each back end is
 // switched to Closing and Closed, which its front end sees in xenstore
-// (its back end's liveness byte, disarmed by the handoff, says nothing),
-// and the device is removed.
+// (its back end's liveness byte, disarmed by the handoff, says nothing).
+// The device is left for its front end to read (a removed back-end
+// directory reads EACCES in a guest, not gone): the domain's next pvdrm
+// back end makes it afresh.
 func (h *Host) AbandonXenPVDRM(backs []XenPVDRMHandoff) []error {
 	if len(backs) == 0 {
 		return nil
@@ -140,7 +167,7 @@ func (h *Host) AbandonXenPVDRM(backs []XenPVDRMHandoff) []error {
 	var errs []error
 	for _, b := range backs {
 		dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(b.DomID), BackDomid: self, DevID: b.Req.DevID}
-		if err := errors.Join(xenbus.CloseBack(ctx, xs, dev), xenbus.RemoveDevice(ctx, xs, dev)); err != nil {
+		if err := xenbus.CloseBack(ctx, xs, dev); err != nil {
 			errs = append(errs, fmt.Errorf("close domain %d's pvdrm device: %w", b.DomID, err))
 			continue
 		}
@@ -165,7 +192,7 @@ func (h *Host) xenSessionStarts(domid uint32, x *pvdrm.XenBack) bool {
 	if h.xenHandoff != nil || s == nil {
 		return false
 	}
-	s.session, s.vgpu, s.handedOff = x, nil, false
+	s.session, s.vgpu, s.handedOff, s.attaching = x, nil, false, true
 	return true
 }
 
@@ -174,7 +201,7 @@ func (h *Host) xenSessionAttached(domid uint32, v *aggregator.VGPU) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s := h.xenPVDRM[domid]; s != nil {
-		s.vgpu = v
+		s.vgpu, s.attaching = v, false
 	}
 }
 
@@ -188,6 +215,6 @@ func (h *Host) xenSessionEnds(domid uint32) bool {
 		return false
 	}
 	handed := s.handedOff
-	s.session, s.vgpu, s.handedOff = nil, nil, false
+	s.session, s.vgpu, s.handedOff, s.attaching = nil, nil, false, false
 	return handed
 }

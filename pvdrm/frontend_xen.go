@@ -87,31 +87,45 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 	fe.Shares = NewXenShares(x.GART())
 	// The back end's mapping going (its vGPU destroyed, the daemon gone)
 	// fails what waits, as the local transport's goodbye does; so does
-	// the back end closing the device without its mapping going (a
-	// daemon that took the device over from a handoff and cannot serve
-	// it closes it so: docs/protocol.md §15.5), seen in xenstore.
+	// the back end leaving Connected without its mapping going (a daemon
+	// that took the device over from a handoff and cannot serve it closes
+	// it so: docs/protocol.md §15.5), seen in xenstore: once connected,
+	// Connected is the back end's only state that goes on. Its state not
+	// readable twice running (a removed back-end directory reads EACCES
+	// in a guest) is taken for gone too.
+	link := x.Xenbus()
 	go func() {
 		t := time.NewTicker(xenPeerPoll)
 		defer t.Stop()
+		unread := 0
 		for tick := 1; ; tick++ {
 			select {
 			case <-fe.Client.done:
 				return
 			case <-t.C:
-				if x.PeerGone() {
-					fe.Client.Abort(errors.New("pvdrm xen: the back end let go of the ring"))
+			}
+			if x.PeerGone() {
+				fe.Client.Abort(errors.New("pvdrm xen: the back end let go of the ring"))
+				return
+			}
+			if tick%xenStateLooks != 0 {
+				continue
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
+			st, err := link.PeerState(sctx)
+			timedOut := sctx.Err() != nil
+			cancel()
+			switch {
+			case err != nil && !timedOut:
+				if unread++; unread >= 2 {
+					fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end's state cannot be read: %w", err))
 					return
 				}
-				if tick%xenStateLooks != 0 {
-					continue
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
-				st, err := x.Xenbus().PeerState(sctx)
-				cancel()
-				if err == nil && (st == xenbus.StateClosing || st == xenbus.StateClosed || st == xenbus.StateUnknown) {
-					fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end closed the device (%v)", st))
-					return
-				}
+			case err == nil && st != xenbus.StateConnected:
+				fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end left the device (%v)", st))
+				return
+			default:
+				unread = 0
 			}
 		}
 	}()

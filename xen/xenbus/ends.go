@@ -278,9 +278,10 @@ var ErrNotConnected = errors.New("xenbus: the back end is not connected")
 // ResumeBack takes over the back end of device d, Connected by an earlier
 // back-end process that let go of it without closing it (a daemon that
 // handed itself to a new process): it checks the directory's frontend-id
-// and frontend keys as StartBack does and that the back end is Connected
-// (else ErrNotConnected), and switches no state, so the front end sees
-// nothing. WaitRing then reads the ring the front end published.
+// and frontend keys as StartBack does, that the back end is Connected and
+// the front end Initialised or Connected (else ErrNotConnected), and
+// switches no state, so the front end sees nothing. WaitRing then reads
+// the ring the front end published.
 func ResumeBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
 	b, err := newBack(ctx, xs, d, version)
 	if err != nil {
@@ -292,6 +293,14 @@ func ResumeBack(ctx context.Context, xs *xenstore.Client, d Device, version uint
 	}
 	if st != StateConnected {
 		return nil, fmt.Errorf("%s is %v: %w", b.own, st, ErrNotConnected)
+	}
+	// The front end must still be on its side of the connection: one
+	// that left meanwhile (Closing, Closed, or starting afresh) waits for
+	// the handshake, which StartBack gives it.
+	if fs, err := b.PeerState(ctx); err != nil {
+		return nil, err
+	} else if fs != StateInitialised && fs != StateConnected {
+		return nil, fmt.Errorf("%s is %v: %w", b.peer, fs, ErrNotConnected)
 	}
 	return b, nil
 }

@@ -467,6 +467,14 @@ func TestResumeBack(t *testing.T) {
 	if log := s.StateLog(); len(log) != before {
 		t.Fatalf("the resume switched states: %v", log[before:])
 	}
+	// A front end that left meanwhile gets the handshake, not a resume.
+	fp := testDevice().FrontendPath()
+	if err := s.Connect(t, 0).Write(ctx, fp+"/state", "6"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ResumeBack(ctx, back, testDevice(), testVersion); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("resume under a Closed front end: %v", err)
+	}
 	// A back end that cannot serve it closes it: the front end reads
 	// Closed.
 	if err := CloseBack(ctx, s.Connect(t, 0), testDevice()); err != nil {
