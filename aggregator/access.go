@@ -65,11 +65,12 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 		}
 		return err
 	}
-	defer v.mu.Unlock()
 	if v.dead {
+		v.mu.Unlock()
 		return ErrDetached
 	}
 	v.ctr.writes[bar].Add(1)
+	denied := v.ctr.denied.Load()
 	switch bar {
 	case nvc0.BAR0:
 		v.bar0Write(uint32(off), val)
@@ -82,6 +83,17 @@ func (v *VGPU) Write32(bar int, off uint64, val uint32) error {
 	// whose last channel left, tables a scan unlinked) is freed now, after
 	// the TLB flushes that make that safe.
 	v.reclaim()
+	refused := v.ctr.denied.Load() != denied
+	a := v.agg
+	v.mu.Unlock()
+	if refused {
+		// A write refused because the board failed under it (it fell off
+		// the bus since the last health check) must leave the vGPU lost
+		// before the guest's next access, which then reads all ones as an
+		// absent device's does — not a refusal its driver takes for its
+		// quota. One identity read, on refused writes only.
+		a.confirmBoard()
+	}
 	return nil
 }
 

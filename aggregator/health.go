@@ -112,6 +112,20 @@ func (a *Aggregator) CheckHealth(boot0 uint32) bool {
 	return true
 }
 
+// confirmBoard reads the board's identity now, off the health loop's
+// beat (when the loop runs at all): a guest access the board failed under
+// finds the board lost at once instead of within HealthInterval. Called
+// with no vGPU's lock held (loseBoard takes them).
+func (a *Aggregator) confirmBoard() {
+	if a.opts.HealthInterval < 0 { // no health checks (0 is the default interval)
+		return
+	}
+	a.health.mu.Lock()
+	boot0 := a.health.boot0
+	a.health.mu.Unlock()
+	a.CheckHealth(boot0)
+}
+
 // loseBoard declares the board lost and takes every vGPU off it.
 func (a *Aggregator) loseBoard(why string) {
 	a.health.mu.Lock()

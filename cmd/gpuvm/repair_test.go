@@ -43,6 +43,8 @@ name = "b"
 `), ctl, "--fault-injection")
 	vm := selfCommand(context.Background(), []string{"devmodel", "--socket", sock, "--name", "victim", "--domid", "7",
 		"--ram", "128MiB", "--workloads", "madd", "--runs", "1000000", "--matrix-dim", "64"})
+	var vmErr lockedBuffer
+	vm.Stderr = &vmErr
 	if err := vm.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ name = "b"
 			select {
 			case err := <-exited:
 				exited <- err
-				t.Fatalf("the VM ended before %s: %v", what, err)
+				t.Fatalf("the VM ended before %s: %v\n%s", what, err, vmErr.String())
 			default:
 			}
 			if time.Now().After(deadline) {
