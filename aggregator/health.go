@@ -16,7 +16,8 @@ import (
 // aggregator finds out by reading PMC_BOOT_0 — the chip's identity, which
 // nothing changes — every HealthInterval: a board that no longer returns
 // the identity it had at start is lost. Detection is bounded by one
-// interval (plus one read). Then:
+// interval (plus one read); a guest write the aggregator refused checks at
+// once (confirmBoard). Then:
 //
 //   - the aggregator stops using the board: register sequences that would
 //     wait for the board (channel stops, TLB flushes, playlist updates,
