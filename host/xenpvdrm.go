@@ -153,7 +153,7 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 	if err != nil {
 		return err
 	}
-	dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(g.DomID), BackDomid: self, DevID: devID}
+	dev := pvdrmDevice(self, g.DomID, devID)
 	switch _, err := xs.Read(ctx, dev.BackendPath()+"/state"); {
 	case !resume || errors.Is(err, fs.ErrNotExist):
 		if err := xenbus.CreateDevice(ctx, xs, dev); err != nil {
@@ -325,6 +325,11 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 	log.Info("pvdrm front end gone", "vgpu", w.VGPU, "reason", context.Cause(sctx), "serve", serr,
 		"grant_maps", 1+gart.Maps, "grant_unmaps", 1+gart.Unmaps)
 	return cerr
+}
+
+// pvdrmDevice is domain domid's pvdrm device devID, backed by domain self.
+func pvdrmDevice(self uint16, domid, devID uint32) xenbus.Device {
+	return xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(domid), BackDomid: self, DevID: devID}
 }
 
 // sleepCtx sleeps d or until ctx is done.

@@ -166,7 +166,7 @@ func (h *Host) AbandonXenPVDRM(backs []XenPVDRMHandoff) []error {
 	}
 	var errs []error
 	for _, b := range backs {
-		dev := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(b.DomID), BackDomid: self, DevID: b.Req.DevID}
+		dev := pvdrmDevice(self, b.DomID, b.Req.DevID)
 		if err := xenbus.CloseBack(ctx, xs, dev); err != nil {
 			errs = append(errs, fmt.Errorf("close domain %d's pvdrm device: %w", b.DomID, err))
 			continue
