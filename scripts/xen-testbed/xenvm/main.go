@@ -52,8 +52,13 @@ const (
 
 // step is one thing to run in dom0: a --cmd or a --script.
 type step struct {
-	cmd    string // the shell command sent to dom0
+	cmd    string // the shell command run in dom0 (shown and logged)
 	script string // for --script: the host file, copied to the share first
+	// typed is what is typed on the console to run it: a short line that
+	// runs a file on the share (Xen drops serial input that does not fit
+	// its 128-byte ring while dom0 is busy: a long command typed whole
+	// could lose a byte — a quote — and hang the shell).
+	typed string
 }
 
 type steps []step
@@ -231,15 +236,24 @@ func run(o *options) int {
 	defer unlock()
 
 	for i := range o.steps {
-		if o.steps[i].script == "" {
+		st := &o.steps[i]
+		if st.script == "" {
+			// Sourced in the step's subshell: the same shell as typing it.
+			name := fmt.Sprintf("%d-cmd.sh", i+1)
+			if err := writeFile(filepath.Join(share, "run", name), []byte(st.cmd+"\n")); err != nil {
+				fmt.Fprintln(os.Stderr, "xenvm:", err)
+				return exitUsage
+			}
+			st.typed = ". /host/run/" + name
 			continue
 		}
-		name := fmt.Sprintf("%d-%s", i+1, filepath.Base(o.steps[i].script))
-		if err := copyFile(o.steps[i].script, filepath.Join(share, "run", name)); err != nil {
+		name := fmt.Sprintf("%d-%s", i+1, filepath.Base(st.script))
+		if err := copyFile(st.script, filepath.Join(share, "run", name)); err != nil {
 			fmt.Fprintln(os.Stderr, "xenvm:", err)
 			return exitUsage
 		}
-		o.steps[i].cmd = "sh /host/run/" + name
+		st.cmd = "sh /host/run/" + name
+		st.typed = st.cmd
 	}
 	if o.outDir != "" {
 		if err := os.MkdirAll(o.outDir, 0o755); err != nil {
@@ -355,6 +369,11 @@ func copyFile(src, dst string) error {
 	if err != nil {
 		return err
 	}
+	return writeFile(dst, data)
+}
+
+// writeFile writes data to dst (on the share), making its directory.
+func writeFile(dst string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
@@ -491,7 +510,7 @@ func (v *vm) session(ctx context.Context, o *options, deadline time.Time, result
 		limit := minTime(deadline, time.Now().Add(o.cmdTimeout))
 		say("[%d] $ %s", n, s.cmd)
 		t := time.Now()
-		out, rc, err := v.runCmd(ctx, n, s.cmd, limit)
+		out, rc, err := v.runCmd(ctx, n, s.cmd, s.typed, limit)
 		secs := time.Since(t).Seconds()
 		if o.outDir != "" {
 			_ = os.WriteFile(filepath.Join(o.outDir, fmt.Sprintf("%d.out", n)), []byte(out), 0o644)
@@ -602,12 +621,13 @@ func (v *vm) recover(ctx context.Context) error {
 // port output as "(d3) ..."), as opposed to dom0's.
 var xenLineRE = regexp.MustCompile(`(?m)^\((XEN|d[0-9]+)\) [^\n]*\n`)
 
-// runCmd runs cmd in the dom0 shell, printing its output as it comes; it
-// returns the output (without Xen's own console lines) and exit status.
-func (v *vm) runCmd(ctx context.Context, n int, cmd string, deadline time.Time) (string, int, error) {
+// runCmd types cmd in the dom0 shell (the console log shows shown, the
+// step as written), printing its output as it comes; it returns the output
+// (without Xen's own console lines) and exit status.
+func (v *vm) runCmd(ctx context.Context, n int, shown, cmd string, deadline time.Time) (string, int, error) {
 	send, re := v.marker(strconv.Itoa(n))
 	from := v.con.len()
-	v.con.log.note(fmt.Sprintf(">>> [%d] %s", n, cmd))
+	v.con.log.note(fmt.Sprintf(">>> [%d] %s", n, shown))
 	// A subshell: an exit in cmd cannot end the dom0 shell, and a trailing
 	// comment or & is harmless; stdin from /dev/null, so the command cannot
 	// eat the marker line.
