@@ -72,8 +72,10 @@ type Config struct {
 	// ResumeSockets (tried in turn; none: Socket) until a daemon where
 	// the image was restored welcomes it, or ResumeTimeout passes (then
 	// the device fails as after any other Bye). 0: a saved Bye ends it.
-	// It is not offered with PostedWrites: a posted write the aggregator
-	// had not handled when the vGPU was parked would be lost unseen.
+	// With PostedWrites it needs an aggregator that publishes how far it
+	// ran the request ring (req_done, docs/protocol.md §6.9): the posted
+	// writes it had not run when it parked the vGPU are repeated on the
+	// restored one. Without it a saved Bye ends the device.
 	ResumeTimeout time.Duration
 	ResumeSockets []string
 	Logger        *slog.Logger
@@ -146,6 +148,10 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 	}
 	defer closeFiles(extra)
 	d.cur.Store(client)
+	if cfg.PostedWrites && cfg.ResumeTimeout > 0 && !client.ReplaysPosted() {
+		d.log.Warn("device model: posted writes and a daemon that does not say which it ran (req_done; or the socket transport): a save of the vGPU will end the device model",
+			"domid", cfg.DomID)
+	}
 	d.pci.SetFLR(func() error { return resetOverIPC(d.conn()) }) // the guest's function-level reset
 	d.welcome = w
 	d.bar1Size, d.bar3Size = pageParam(w, ipc.ParamBAR1Size, nvc0.BAR1Size), pageParam(w, ipc.ParamBAR3Size, nvc0.BAR3Size)
@@ -441,12 +447,13 @@ func (d *Device) Write32(bar int, off uint64, v uint32) {
 	}
 	spin.For(time.Duration(d.trapCost.Load()))
 	c := d.conn()
-	if d.posted {
-		_ = c.Write32(bar, off, v) // a failure is sticky: Err reports it
-		return
-	}
 	for {
-		err := c.Write32Sync(bar, off, v)
+		var err error
+		if d.posted {
+			err = c.Write32(bar, off, v) // queued; a failure is sticky: Err reports it
+		} else {
+			err = c.Write32Sync(bar, off, v)
+		}
 		if err == nil {
 			return
 		}
@@ -494,14 +501,15 @@ func (d *Device) PostedWrites() bool { return d.posted }
 // Err reports why the device stopped working, or nil: also nil after a
 // save while the device waits to resume (its guest's next access does).
 func (d *Device) Err() error {
-	err := d.conn().Err()
+	c := d.conn()
+	err := c.Err()
 	if err == nil {
 		return nil
 	}
 	if f := d.resumeFail.Load(); f != nil {
 		return f.err
 	}
-	if d.resumable(err) {
+	if d.resumable(c, err) {
 		return nil
 	}
 	return err

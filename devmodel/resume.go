@@ -26,7 +26,9 @@ import (
 // which the old aggregator did not answer (it ran none of it: a parked
 // vGPU's accesses wait, and the save destroys it before they can run), is
 // repeated on the restored vGPU, and the remap feature is set up from the
-// new Welcome.
+// new Welcome. With posted writes, those the old aggregator had not run
+// when it parked the vGPU (it says how far it ran in the ring's req_done
+// word, docs/protocol.md §6.9) are repeated first, in order.
 
 // resumeFailure is why a resume failed: the device then stays failed.
 type resumeFailure struct{ err error }
@@ -38,11 +40,12 @@ const (
 	resumeMaxBackoff   = 250 * time.Millisecond
 )
 
-// resumable reports whether err, which ended a connection, lets the device
-// resume: a Bye saying the vGPU was saved, resuming configured, no posted
-// writes, and the device not closing.
-func (d *Device) resumable(err error) bool {
-	if d.cfg.ResumeTimeout <= 0 || d.posted || !ipc.IsSavedBye(err) {
+// resumable reports whether err, which ended connection c, lets the
+// device resume: a Bye saying the vGPU was saved, resuming configured, the
+// device not closing, and with posted writes a server that said which of
+// them it ran (ipc.Client.ReplaysPosted).
+func (d *Device) resumable(c *ipc.Client, err error) bool {
+	if d.cfg.ResumeTimeout <= 0 || d.posted && !c.ReplaysPosted() || !ipc.IsSavedBye(err) {
 		return false
 	}
 	select {
@@ -66,7 +69,7 @@ func (d *Device) errOr(err error) error {
 // true, or false when err stands. One resume runs at a time; accesses
 // that meet the Bye meanwhile wait for it and take its connection.
 func (d *Device) resumeAfter(c *ipc.Client, err error) (*ipc.Client, bool) {
-	if !d.resumable(err) {
+	if !d.resumable(c, err) {
 		return nil, false
 	}
 	d.resumeMu.Lock()
@@ -74,7 +77,7 @@ func (d *Device) resumeAfter(c *ipc.Client, err error) (*ipc.Client, bool) {
 	if now := d.cur.Load(); now != c {
 		return now, true // resumed by another access
 	}
-	if d.resumeFail.Load() != nil || !d.resumable(err) {
+	if d.resumeFail.Load() != nil || !d.resumable(c, err) {
 		return nil, false
 	}
 	n, rerr := d.resume(c, err)
@@ -108,6 +111,16 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 	if uerr != nil {
 		d.log.Warn("device model: unmapping the saved vGPU's slice", "err", uerr)
 	}
+	// The posted writes the old daemon did not run go to the restored
+	// vGPU first, in order, before the access that met the Bye.
+	var unrun []ipc.PostedWrite
+	if d.posted {
+		var perr error
+		if unrun, perr = old.UnrunPosted(); perr != nil {
+			_ = old.Close()
+			return nil, fmt.Errorf("device model: resuming after the save: %w", perr)
+		}
+	}
 	_ = old.Close()
 
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ResumeTimeout)
@@ -127,12 +140,15 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 			if err == nil {
 				aerr := d.adoptResumed(c, w, extra)
 				closeFiles(extra)
+				if aerr == nil {
+					aerr = replayPosted(c, unrun)
+				}
 				if aerr != nil {
 					_ = c.Close()
 					return nil, fmt.Errorf("device model: resuming on %s: %w", sock, aerr)
 				}
 				d.log.Info("device model: resumed on the restored vGPU", "domid", d.cfg.DomID, "socket", sock,
-					"vgpu", w.VGPU, "pause", time.Since(start))
+					"vgpu", w.VGPU, "pause", time.Since(start), "replayed_writes", len(unrun))
 				return c, nil
 			}
 			if !retryResume(err) {
@@ -158,6 +174,17 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 		}
 		backoff = min(2*backoff, resumeMaxBackoff)
 	}
+}
+
+// replayPosted repeats on c, in order, the posted writes the old
+// connection's daemon did not run.
+func replayPosted(c *ipc.Client, unrun []ipc.PostedWrite) error {
+	for _, w := range unrun {
+		if err := c.Write32(w.BAR, w.Off, w.Value); err != nil {
+			return fmt.Errorf("repeating a posted write the saved vGPU had not run (bar %d off %#x): %w", w.BAR, w.Off, err)
+		}
+	}
+	return nil
 }
 
 // retryResume reports whether a resuming Hello that failed with err may be

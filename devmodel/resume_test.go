@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,8 +60,17 @@ func servedAggregator(t *testing.T, dir, name string) (*aggregator.Aggregator, s
 // through a device model on aggregator a; its vGPU is saved on a and
 // restored on b; the device model, told b's socket, resumes there and the
 // loop goes on verifying, never seeing an error. Its remap slice is the
-// new slot's.
+// new slot's. With posted writes too: those a did not run when it parked
+// the vGPU are repeated on b (ipc.Client.UnrunPosted).
 func TestResumeOnAnotherAggregator(t *testing.T) {
+	for _, posted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "completed writes", true: "posted writes"}[posted], func(t *testing.T) {
+			testResumeOnAnotherAggregator(t, posted)
+		})
+	}
+}
+
+func testResumeOnAnotherAggregator(t *testing.T, posted bool) {
 	dir, err := os.MkdirTemp("", "gpuvm-resume-")
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +80,7 @@ func TestResumeOnAnotherAggregator(t *testing.T) {
 	b, sockB := servedAggregator(t, dir, "b")
 	ctx := context.Background()
 	dev, err := devmodel.Connect(ctx, devmodel.Config{Socket: sockA, DomID: 9, Name: "saved", Mode: "fv-optimized", RAMSize: 64 << 20,
-		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}})
+		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}, PostedWrites: posted})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +201,74 @@ func TestResumeTimesOut(t *testing.T) {
 	}
 	if n := len(a.VGPUs()); n != 0 {
 		t.Errorf("a resuming Hello without an image got a vGPU: %d attached", n)
+	}
+}
+
+// TestResumeRepeatsUnrunPostedWrites: a guest floods posted writes through
+// the PRAMIN window — each word of 1 MiB of its VRAM gets its own index —
+// while its vGPU is saved on a and restored on b. Every write reaches the
+// vGPU exactly where it was meant: those a had not run when it parked
+// the vGPU are repeated on b (docs/protocol.md §6.9), so after the resume
+// every word reads back its index. Without the repeat the words queued
+// behind the park would read 0.
+func TestResumeRepeatsUnrunPostedWrites(t *testing.T) {
+	dir, err := os.MkdirTemp("", "gpuvm-resume-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	a, sockA := servedAggregator(t, dir, "a")
+	b, sockB := servedAggregator(t, dir, "b")
+	ctx := context.Background()
+	dev, err := devmodel.Connect(ctx, devmodel.Config{Socket: sockA, DomID: 9, Name: "posted", Mode: "fv-optimized", RAMSize: 64 << 20,
+		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}, PostedWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	const window = 16 << 20 // guest VRAM address of the window
+	dev.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, nvc0.PRAMINWindowEncode(window))
+	const words = nvc0.PRAMINSize / 4
+	var written atomic.Int64
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		for i := range uint32(words) {
+			dev.Write32(nvc0.BAR0, nvc0.PRAMINBase+4*uint64(i), i+1)
+			written.Add(1)
+		}
+	}()
+	for written.Load() < words/8 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	vs := a.VGPUs()
+	if len(vs) != 1 {
+		t.Fatalf("%d vGPUs on a", len(vs))
+	}
+	var img bytes.Buffer
+	if _, err := a.Save(ctx, vs[0], &img, false); err != nil {
+		t.Fatal(err)
+	}
+	atSave := written.Load()
+	if _, err := b.RegisterRestore(9, &img); err != nil {
+		t.Fatal(err)
+	}
+	<-flood
+	if atSave >= words {
+		t.Fatalf("the flood (%d writes) ended before the save: nothing was left to repeat", words)
+	}
+	if dev.Resumes() != 1 || dev.Err() != nil {
+		t.Fatalf("resumes %d, err %v", dev.Resumes(), dev.Err())
+	}
+	bad := 0
+	for i := range uint32(words) {
+		if got := dev.Read32(nvc0.BAR0, nvc0.PRAMINBase+4*uint64(i)); got != i+1 {
+			if bad++; bad <= 5 {
+				t.Errorf("word %d reads %#x, want %#x", i, got, i+1)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d words lost across the save (%d written when it began)", bad, words, atSave)
 	}
 }

@@ -25,9 +25,12 @@ import (
 // ran none of, is repeated on the new connection. A save's Bye (gpuvm xl
 // save, whose domain is destroyed next) still ends the device model.
 //
-// Writes then complete before their ioreq does (Write32Sync): a posted
-// write the old process had not run when it parked the vGPU would be
-// lost, as for Device (resume.go).
+// Writes are posted when the daemon says which requests it ran (the
+// ring's req_done, docs/protocol.md §6.9): those the old process had not
+// run when it parked the vGPU are repeated on the new connection first.
+// With a daemon that does not (older than the feature) they complete
+// before their ioreq does (Write32Sync), since a posted write it had not
+// run would be lost.
 
 // xenBackend is the aggregator connection of a Xen domain's device model,
 // replaced by a resume after a handoff.
@@ -63,12 +66,13 @@ func (b *xenBackend) Read32(bar int, off uint64) (uint32, error) {
 }
 
 // Write32 writes through the current connection: posted unless the device
-// model resumes (then it completes first).
+// model resumes on a daemon that does not say which requests it ran (then
+// it completes first).
 func (b *xenBackend) Write32(bar int, off uint64, v uint32) error {
 	for {
 		c := b.client()
 		var err error
-		if b.resuming() {
+		if b.resuming() && !c.ReplaysPosted() {
 			err = c.Write32Sync(bar, off, v)
 		} else {
 			err = c.Write32(bar, off, v)
@@ -133,6 +137,14 @@ func (b *xenBackend) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 	start := time.Now()
 	log := b.cfg.Logger
 	log.Info("device model: the daemon hands off; resuming on its new process", "domid", b.cfg.DomID, "bye", why)
+	var unrun []ipc.PostedWrite
+	if old.ReplaysPosted() {
+		var err error
+		if unrun, err = old.UnrunPosted(); err != nil {
+			_ = old.Close()
+			return nil, fmt.Errorf("resuming after the handoff: %w", err)
+		}
+	}
 	_ = old.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout)
 	defer cancel()
@@ -157,7 +169,12 @@ func (b *xenBackend) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 				return nil, fmt.Errorf("the restored vGPU (VRAM %d, %d channels) is not the one handed off (VRAM %d, %d channels, the same apertures)",
 					w.VRAMSize, w.Channels, b.was.VRAMSize, b.was.Channels)
 			}
-			log.Info("device model: resumed on the daemon's new process", "domid", b.cfg.DomID, "vgpu", w.VGPU, "pause", time.Since(start))
+			if err := replayPosted(c, unrun); err != nil {
+				_ = c.Close()
+				return nil, fmt.Errorf("resuming after the handoff: %w", err)
+			}
+			log.Info("device model: resumed on the daemon's new process", "domid", b.cfg.DomID, "vgpu", w.VGPU, "pause", time.Since(start),
+				"replayed_writes", len(unrun))
 			return c, nil
 		}
 		if !retryResume(err) {

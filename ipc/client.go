@@ -59,6 +59,10 @@ type Client struct {
 
 	rm remapClient // remap updates (remap.go)
 
+	// sent records the last 2N requests queued (replay.go), with a server
+	// that publishes req_done; nil otherwise.
+	sent []sentEntry
+
 	dead      atomic.Bool
 	errMu     sync.Mutex
 	err       error
@@ -206,6 +210,9 @@ func dial(ctx context.Context, socketPath string, hello Hello, ram *os.File, ext
 			return nil, Welcome{}, nil, violationf("%v", err)
 		}
 		c.ring = r
+		if r.features&RingFeatureReqDone != 0 {
+			c.sent = make([]sentEntry, 2*ww.reqEntries)
+		}
 		files[0].Close()
 		files = files[1:]
 		c.watchDone = make(chan struct{})
@@ -468,6 +475,7 @@ func (c *Client) send(req *request) error {
 		}
 	}
 	encodeRequest(r.reqSlot(c.reqProd), req)
+	c.noteSent(c.reqProd, req)
 	c.reqProd++
 	atomic.StoreUint32(r.reqProd, c.reqProd)
 	wakeOn(r.serverWait, waitReq)

@@ -17,8 +17,8 @@ const RingFeatureIRQ = 1
 
 // serverRingFeatures are the features this package's server offers on
 // every shm ring (RingFeatureRemap: remap.go; RingFeatureRemapMapped:
-// remap_revoke.go).
-const serverRingFeatures = RingFeatureIRQ | RingFeatureRemap | RingFeatureRemapMapped
+// remap_revoke.go; RingFeatureReqDone: replay.go).
+const serverRingFeatures = RingFeatureIRQ | RingFeatureRemap | RingFeatureRemapMapped | RingFeatureReqDone
 
 // ErrNoInterrupts is returned by Client.WaitIRQ on a connection whose
 // server raises no virtual interrupts: the socket transport, or a server

@@ -34,6 +34,7 @@ const (
 	ringOffClientWait = 0x180 // client's futex word
 	ringOffIRQCount   = 0x1C0 // virtual interrupts raised (irq.go): server increments
 	ringOffIRQWaiters = 0x200 // client threads sleeping on the IRQ count: client
+	// 0x240: client_features (remap.go); 0x280: req_done (replay.go)
 	ringEntriesOffset = 0x1000
 
 	// MinRingEntries and MaxRingEntries bound each ring's entry count (a
@@ -80,6 +81,9 @@ type ringMap struct {
 
 	reqProd, reqCons, rspProd, rspCons *uint32
 	serverWait, clientWait             *uint32
+	// reqDone is the server's req_done word (replay.go): the server's
+	// mapping always has it; the client reads it only with the feature.
+	reqDone *uint32
 
 	// features are the RingFeature bits of the header; irqCount and
 	// irqWaiters are the virtual interrupt's words (irq.go), nil when the
@@ -98,6 +102,7 @@ func newRingMap(mem []byte, l ringLayout) *ringMap {
 	r.rspCons = r.word(ringOffRspCons)
 	r.serverWait = r.word(ringOffServerWait)
 	r.clientWait = r.word(ringOffClientWait)
+	r.reqDone = r.word(ringOffReqDone)
 	// Read once, at setup: the server wrote it before sending the ring
 	// and it never changes (a client that rewrites it later fools only
 	// itself; the server keeps its own copy).

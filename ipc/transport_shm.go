@@ -100,6 +100,9 @@ func (s *ServerConn) shmLoop(h Handler) error {
 			if err != nil {
 				return err
 			}
+			// It ran: a client repeating what the server did not run
+			// after a saved Bye starts here (replay.go).
+			atomic.StoreUint32(r.reqDone, cons)
 			if reply {
 				if err := s.pushResponse(&rspProd, &rsp); err != nil {
 					return err

@@ -61,7 +61,7 @@ func devmodelCommand() *cli.Command {
 			&cli.IntFlag{Name: "repeat", Value: 15, Usage: "kernels per long-madd submission; with --contexts, kernel runs per instance"},
 			&cli.IntFlag{Name: "contexts", Usage: "instead of workloads, run this many madd applications at once, each in its own GPU context, its kernel run --repeat times, and print their phase times as JSON (the contexts experiment, thesis Fig. 4.10)"},
 			&cli.PathFlag{Name: "start-gate", Usage: "with --fairness or --contexts: once set up, create DIR/ready-DOMID and start the load only when DIR/go exists (the fairness harness starts its VMs together this way)"},
-			&cli.DurationFlag{Name: "resume-timeout", Value: defaultResumeTimeout, Usage: "after its vGPU was saved (gpuvm vgpu save), keep the guest and wait this long for a daemon to restore it (gpuvm vgpu restore --domid N), then come back to it (docs/protocol.md §13.7); the guest's accesses wait meanwhile. 0: a save ends the VM. Not with --posted-writes"},
+			&cli.DurationFlag{Name: "resume-timeout", Value: defaultResumeTimeout, Usage: "after its vGPU was saved (gpuvm vgpu save), keep the guest and wait this long for a daemon to restore it (gpuvm vgpu restore --domid N), then come back to it (docs/protocol.md §13.7); the guest's accesses wait meanwhile; posted writes the daemon had not run are repeated (shm transport). 0: a save ends the VM"},
 			&cli.StringSliceFlag{Name: "resume-socket", Usage: "after a save, look for the restored vGPU on this daemon's device-model socket (repeatable, tried in turn; default: --socket)"},
 			&cli.BoolFlag{Name: "hold", Usage: "after the workloads, keep the vGPU attached until SIGTERM or SIGINT (then exit 0), as a domain's device model lives as long as its domain (gpuvm libvirt starts VMs this way); exit 1 if the vGPU goes first"},
 		}, covertGuestFlags()...),
@@ -99,8 +99,8 @@ func runDevmodel(c *cli.Context) error {
 	if cfg.ResumeTimeout < 0 {
 		return usageError("--resume-timeout %v: want 0 (off) or more", cfg.ResumeTimeout)
 	}
-	if cfg.PostedWrites && (c.IsSet("resume-timeout") && cfg.ResumeTimeout > 0 || c.IsSet("resume-socket")) {
-		return usageError("--posted-writes cannot resume after a save: a posted write the daemon had not handled when it saved the vGPU would be lost")
+	if cfg.PostedWrites && transport == ipc.TransportSocket && (c.IsSet("resume-timeout") && cfg.ResumeTimeout > 0 || c.IsSet("resume-socket")) {
+		return usageError("--posted-writes over the socket transport cannot resume after a save: the daemon cannot say which posted writes it ran (docs/protocol.md §6.9), and one it had not would be lost")
 	}
 	if c.Bool("hold") {
 		if c.IsSet("covert") || c.IsSet("fairness") {
