@@ -30,7 +30,7 @@ const HandoffReason = ipc.ByeHandoff + "; the vGPU resumes on the new process"
 // "" if it can: a pvdrm vGPU whose back end has no transport that crosses
 // a handoff, or no back end yet, and a Xen domain's device model that did
 // not say it resumes after a handoff (its Hello's ResumesHandoff: gpuvm
-// xl's does; QEMU's device does not yet) would leave its domain without
+// xl's and QEMU's device do, unless told not to) would leave its domain without
 // its device. A pvdrm vGPU is handed over as a save is: on the local
 // transport its front end resumes on the saved Bye; on the xen transport
 // the new process takes the connected device over (host's Xen pvdrm

@@ -751,9 +751,9 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var hello []byte
+			hellos := make(chan []byte, 1)
 			sock := rawServer(t, func(h []byte, fds []int) ([]byte, []int) {
-				hello = append([]byte(nil), h...)
+				hellos <- append([]byte(nil), h...)
 				if len(fds) != 1 {
 					t.Errorf("Hello carried %d fds, want 1", len(fds))
 				}
@@ -762,6 +762,11 @@ func TestRefusals(t *testing.T) {
 			stderr := runToExit(t, qemuArgs(device(sock, ""), true))
 			if !strings.Contains(stderr, "gpuvm: ") || !strings.Contains(stderr, c.want) {
 				t.Errorf("stderr %q does not say %q", stderr, c.want)
+			}
+			var hello []byte
+			select {
+			case hello = <-hellos:
+			case <-time.After(10 * time.Second):
 			}
 			if len(hello) != 128 || binary.LittleEndian.Uint32(hello[8:]) != domID || hello[27] != 0 {
 				t.Errorf("Hello % x", hello)
