@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/hostmem"
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
 
@@ -278,5 +280,36 @@ func TestHoldNamesTheBoardItParksOn(t *testing.T) {
 	defer hold.Release()
 	if hold.Board != "b" || len(b.KeptSlots()) != 1 || b.KeptSlots()[0].Slot != hold.Kept || len(a.KeptSlots()) != 0 {
 		t.Fatalf("hold names board %q slot %d; kept on a %+v, on b %+v", hold.Board, hold.Kept, a.KeptSlots(), b.KeptSlots())
+	}
+}
+
+// TestResetWaitingOnHoldIsNotAnswered: a guest's function-level reset that
+// waits while its vGPU is held for a handoff, and finds it destroyed by
+// the commit, did not run: the call fails (its connection ends unanswered)
+// so that the device model repeats it on the restored vGPU, instead of
+// an answer saying it was refused, which no device model repeats.
+func TestResetWaitingOnHoldIsNotAnswered(t *testing.T) {
+	a, _, _, _, s, _ := keptScene(t, "fv-optimized")
+	hold, _ := holdKept(t, a, s)
+	type answer struct {
+		r   ipc.CallResult
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := s.v.Call(ipc.OpReset, nil)
+		got <- answer{r, err}
+	}()
+	select {
+	case g := <-got:
+		t.Fatalf("the reset ran while its vGPU was held: %+v", g)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := hold.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	g := <-got
+	if !errors.Is(g.err, ErrDetached) {
+		t.Fatalf("the reset of a vGPU destroyed while it waited: %+v, %v; want ErrDetached", g.r, g.err)
 	}
 }

@@ -44,6 +44,12 @@ func (v *VGPU) Call(op uint16, args []uint64) (ipc.CallResult, error) {
 		case err == nil:
 		case errors.Is(err, ErrResetDestroyed):
 			r.Status = -5 // the connection ends with a Bye
+		case errors.Is(err, ErrDetached):
+			// Torn down while the reset waited (a save, a migration or
+			// a handoff destroyed it): it did not run, so the request
+			// is not answered and the device model repeats it on the
+			// restored vGPU (docs/protocol.md §6.9, §13.7).
+			return r, err
 		default:
 			r.Status = -1
 		}

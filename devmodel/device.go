@@ -113,10 +113,11 @@ type Device struct {
 	remap             []byte // the aggregator's remap table (read-only), nil without remap
 	slice             []byte // the VM's VRAM slice, with remap
 	bar1Pages         uint64
-	busRead, busWrite time.Duration // charged per passed-through access
-	bus               *buspipe.Pipe // times passed-through accesses as a bus does
-	trapCost          atomic.Int64  // charged per trapped access, ns
-	posted            bool          // trapped writes are posted
+	busRead, busWrite time.Duration     // charged per passed-through access
+	bus               *buspipe.Pipe     // times passed-through accesses as a bus does
+	trapCost          atomic.Int64      // charged per trapped access, ns
+	posted            bool              // trapped writes are posted
+	unqueued          []ipc.PostedWrite // posted writes a resume could not queue (resume.go; resumeMu)
 	log               *slog.Logger
 	closing           chan struct{} // closed by Close (RemapNoAck's handler waits for it)
 	gmap              guestMap      // with MapRemapped (guestmap.go)
@@ -152,7 +153,7 @@ func Connect(ctx context.Context, cfg Config) (d *Device, err error) {
 		d.log.Warn("device model: posted writes and a daemon that does not say which it ran (req_done; or the socket transport): a save of the vGPU will end the device model",
 			"domid", cfg.DomID)
 	}
-	d.pci.SetFLR(func() error { return resetOverIPC(d.conn()) }) // the guest's function-level reset
+	d.pci.SetFLR(d.resetFunction) // the guest's function-level reset
 	d.welcome = w
 	d.bar1Size, d.bar3Size = pageParam(w, ipc.ParamBAR1Size, nvc0.BAR1Size), pageParam(w, ipc.ParamBAR3Size, nvc0.BAR3Size)
 	return d, d.adopt(client, w, extra)

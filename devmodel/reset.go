@@ -23,6 +23,23 @@ func resetOverIPC(client *ipc.Client) error {
 	return fmt.Errorf("vGPU reset refused by the aggregator (status %d)", r.Status)
 }
 
+// resetFunction is the guest's function-level reset, repeated on the
+// restored vGPU when the connection ended with a saved Bye while it
+// waited (the aggregator ran none of it).
+func (d *Device) resetFunction() error {
+	c := d.conn()
+	for {
+		err := resetOverIPC(c)
+		if err == nil {
+			return nil
+		}
+		var ok bool
+		if c, ok = d.resumeAfter(c, err); !ok {
+			return err
+		}
+	}
+}
+
 // ConfigRead is a guest read of size (1, 2 or 4) bytes at off of the
 // vGPU's PCI configuration space, for the guest driver running in this
 // process (nouveau.PCIConfig).

@@ -120,6 +120,9 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 			_ = old.Close()
 			return nil, fmt.Errorf("device model: resuming after the save: %w", perr)
 		}
+		// What an earlier resume could not queue comes after them.
+		unrun = append(unrun, d.unqueued...)
+		d.unqueued = nil
 	}
 	_ = old.Close()
 
@@ -138,17 +141,15 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 		for _, sock := range sockets {
 			c, w, extra, err := d.dial(ctx, sock, true)
 			if err == nil {
-				aerr := d.adoptResumed(c, w, extra)
+				rest, aerr := d.adoptResumed(c, w, extra, unrun)
 				closeFiles(extra)
-				if aerr == nil {
-					aerr = replayPosted(c, unrun)
-				}
 				if aerr != nil {
 					_ = c.Close()
 					return nil, fmt.Errorf("device model: resuming on %s: %w", sock, aerr)
 				}
 				d.log.Info("device model: resumed on the restored vGPU", "domid", d.cfg.DomID, "socket", sock,
-					"vgpu", w.VGPU, "pause", time.Since(start), "replayed_writes", len(unrun))
+					"vgpu", w.VGPU, "pause", time.Since(start), "replayed_writes", len(unrun)-len(rest))
+				d.unqueued = rest
 				return c, nil
 			}
 			if !retryResume(err) {
@@ -177,14 +178,27 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 }
 
 // replayPosted repeats on c, in order, the posted writes the old
-// connection's daemon did not run.
-func replayPosted(c *ipc.Client, unrun []ipc.PostedWrite) error {
-	for _, w := range unrun {
+// connection's daemon did not run, and waits until they ran (a read
+// behind them): the guest's accesses that do not trap must not overtake
+// them. If c ends with a saved Bye meanwhile (saved again at once), the
+// writes it did not queue are returned, for the next resume to queue
+// after those it did.
+func replayPosted(c *ipc.Client, unrun []ipc.PostedWrite) (rest []ipc.PostedWrite, err error) {
+	if len(unrun) == 0 {
+		return nil, nil
+	}
+	for i, w := range unrun {
 		if err := c.Write32(w.BAR, w.Off, w.Value); err != nil {
-			return fmt.Errorf("repeating a posted write the saved vGPU had not run (bar %d off %#x): %w", w.BAR, w.Off, err)
+			if ipc.IsSavedBye(err) {
+				return unrun[i:], nil
+			}
+			return nil, fmt.Errorf("repeating a posted write the saved vGPU had not run (bar %d off %#x): %w", w.BAR, w.Off, err)
 		}
 	}
-	return nil
+	if _, err := c.Read32(nvc0.BAR0, 0); err != nil && !ipc.IsSavedBye(err) {
+		return nil, fmt.Errorf("waiting for the repeated posted writes: %w", err)
+	}
+	return nil, nil
 }
 
 // retryResume reports whether a resuming Hello that failed with err may be
@@ -195,18 +209,24 @@ func retryResume(err error) bool {
 
 // adoptResumed checks that the restored vGPU is the one the guest's driver
 // knows — the same VRAM, channels and apertures, which a restore keeps —
-// and sets the device up on it (adopt).
-func (d *Device) adoptResumed(c *ipc.Client, w ipc.Welcome, extra []*os.File) error {
+// and sets the device up on it (adopt), after the posted writes unrun
+// are repeated (replayPosted) — before the remap slice can serve an
+// access. It returns those it could not queue.
+func (d *Device) adoptResumed(c *ipc.Client, w ipc.Welcome, extra []*os.File, unrun []ipc.PostedWrite) ([]ipc.PostedWrite, error) {
 	was := d.Welcome()
 	bar1, bar3 := pageParam(w, ipc.ParamBAR1Size, nvc0.BAR1Size), pageParam(w, ipc.ParamBAR3Size, nvc0.BAR3Size)
 	if w.VRAMSize != was.VRAMSize || w.Channels != was.Channels || bar1 != d.bar1Size || bar3 != d.bar3Size {
-		return fmt.Errorf("the restored vGPU (VRAM %d, %d channels, BAR1 %d, BAR3 %d) is not the saved one (VRAM %d, %d channels, BAR1 %d, BAR3 %d)",
+		return nil, fmt.Errorf("the restored vGPU (VRAM %d, %d channels, BAR1 %d, BAR3 %d) is not the saved one (VRAM %d, %d channels, BAR1 %d, BAR3 %d)",
 			w.VRAMSize, w.Channels, bar1, bar3, was.VRAMSize, was.Channels, d.bar1Size, d.bar3Size)
+	}
+	rest, err := replayPosted(c, unrun)
+	if err != nil {
+		return nil, err
 	}
 	d.infoMu.Lock()
 	d.welcome = w
 	d.infoMu.Unlock()
-	return d.adopt(c, w, extra)
+	return rest, d.adopt(c, w, extra)
 }
 
 // Resumes is how many times the device resumed after a save.

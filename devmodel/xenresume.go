@@ -39,12 +39,15 @@ type xenBackend struct {
 	hello ipc.Hello
 	was   ipc.Welcome
 
-	cur     atomic.Pointer[ipc.Client]
-	mu      sync.Mutex // one resume at a time
-	failed  atomic.Pointer[error]
-	resumes atomic.Int64
-	closing chan struct{}
-	once    sync.Once
+	cur atomic.Pointer[ipc.Client]
+	mu  sync.Mutex // one resume at a time; guards unqueued
+	// unqueued are posted writes a resume could not queue (the new
+	// connection ended at once): the next resume queues them.
+	unqueued []ipc.PostedWrite
+	failed   atomic.Pointer[error]
+	resumes  atomic.Int64
+	closing  chan struct{}
+	once     sync.Once
 }
 
 // client is the current connection.
@@ -145,6 +148,8 @@ func (b *xenBackend) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 			return nil, fmt.Errorf("resuming after the handoff: %w", err)
 		}
 	}
+	unrun = append(unrun, b.unqueued...) // an earlier resume's rest, after them
+	b.unqueued = nil
 	_ = old.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout)
 	defer cancel()
@@ -169,12 +174,14 @@ func (b *xenBackend) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 				return nil, fmt.Errorf("the restored vGPU (VRAM %d, %d channels) is not the one handed off (VRAM %d, %d channels, the same apertures)",
 					w.VRAMSize, w.Channels, b.was.VRAMSize, b.was.Channels)
 			}
-			if err := replayPosted(c, unrun); err != nil {
+			rest, err := replayPosted(c, unrun)
+			if err != nil {
 				_ = c.Close()
 				return nil, fmt.Errorf("resuming after the handoff: %w", err)
 			}
+			b.unqueued = rest
 			log.Info("device model: resumed on the daemon's new process", "domid", b.cfg.DomID, "vgpu", w.VGPU, "pause", time.Since(start),
-				"replayed_writes", len(unrun))
+				"replayed_writes", len(unrun)-len(rest))
 			return c, nil
 		}
 		if !retryResume(err) {
