@@ -56,6 +56,26 @@ func servedAggregator(t *testing.T, dir, name string) (*aggregator.Aggregator, s
 	return agg, sock
 }
 
+// resumeScene is two aggregators, a and b, and a device model for
+// domain 9 on a that resumes on b after a save.
+func resumeScene(t *testing.T, name string, posted bool) (a, b *aggregator.Aggregator, dev *devmodel.Device) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gpuvm-resume-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	a, sockA := servedAggregator(t, dir, "a")
+	b, sockB := servedAggregator(t, dir, "b")
+	dev, err = devmodel.Connect(context.Background(), devmodel.Config{Socket: sockA, DomID: 9, Name: name, Mode: "fv-optimized", RAMSize: 64 << 20,
+		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}, PostedWrites: posted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return a, b, dev
+}
+
 // TestResumeOnAnotherAggregator: a guest loops verified madd and cpy
 // through a device model on aggregator a; its vGPU is saved on a and
 // restored on b; the device model, told b's socket, resumes there and the
@@ -71,20 +91,8 @@ func TestResumeOnAnotherAggregator(t *testing.T) {
 }
 
 func testResumeOnAnotherAggregator(t *testing.T, posted bool) {
-	dir, err := os.MkdirTemp("", "gpuvm-resume-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	a, sockA := servedAggregator(t, dir, "a")
-	b, sockB := servedAggregator(t, dir, "b")
+	a, b, dev := resumeScene(t, "saved", posted)
 	ctx := context.Background()
-	dev, err := devmodel.Connect(ctx, devmodel.Config{Socket: sockA, DomID: 9, Name: "saved", Mode: "fv-optimized", RAMSize: 64 << 20,
-		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}, PostedWrites: posted})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dev.Close() })
 	if dev.Welcome().Params[ipc.ParamRemap] != "1" {
 		t.Fatal("no remap on the first connection")
 	}
@@ -212,20 +220,8 @@ func TestResumeTimesOut(t *testing.T) {
 // every word reads back its index. Without the repeat the words queued
 // behind the park would read 0.
 func TestResumeRepeatsUnrunPostedWrites(t *testing.T) {
-	dir, err := os.MkdirTemp("", "gpuvm-resume-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	a, sockA := servedAggregator(t, dir, "a")
-	b, sockB := servedAggregator(t, dir, "b")
+	a, b, dev := resumeScene(t, "posted", true)
 	ctx := context.Background()
-	dev, err := devmodel.Connect(ctx, devmodel.Config{Socket: sockA, DomID: 9, Name: "posted", Mode: "fv-optimized", RAMSize: 64 << 20,
-		ResumeTimeout: time.Minute, ResumeSockets: []string{sockB}, PostedWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dev.Close() })
 	const window = 16 << 20 // guest VRAM address of the window
 	dev.Write32(nvc0.BAR0, nvc0.RegPRAMINWindow, nvc0.PRAMINWindowEncode(window))
 	const words = nvc0.PRAMINSize / 4

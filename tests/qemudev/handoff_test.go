@@ -1,37 +1,17 @@
 package qemudev
 
 import (
-	"bytes"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"golang.org/x/sys/unix"
 )
-
-// lockedBuffer collects a process's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestHandoffUnderQEMU: a real `gpuvm serve` hands off (SIGUSR2) while
 // QEMU's device, with posted writes, fills 64 KiB of its vGPU's VRAM
@@ -68,7 +48,7 @@ bar3_per_vm = "16MiB"
 		t.Fatal(err)
 	}
 	d := exec.Command(exe, "--log-level", "info", "serve", "--config", conf)
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	d.Stderr = logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
