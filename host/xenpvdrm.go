@@ -256,7 +256,7 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 	if !h.xenSessionStarts(g.DomID, x) {
 		// A handoff began meanwhile: the new process runs the handshake
 		// on (the device's states are left as they are).
-		return errors.Join(errXenHandedOff, x.Disown(), x.Close())
+		return errors.Join(errXenHandedOff, x.Disown(ctx), x.Close())
 	}
 	defer func() {
 		if h.xenSessionEnds(g.DomID) {

@@ -99,12 +99,14 @@ func (h *Host) HandOffXenPVDRM(held func(*aggregator.VGPU) bool) error {
 	if h.xenHandoff == nil {
 		h.xenHandoff = make(chan struct{})
 	}
+	ctx, cancel := context.WithTimeout(h.bg, 5*time.Second)
+	defer cancel()
 	var errs []error
 	for domid, s := range h.xenPVDRM {
 		if s.session == nil || s.vgpu == nil || !held(s.vgpu) {
 			continue
 		}
-		if err := s.session.Disown(); err != nil {
+		if err := s.session.Disown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("domain %d's pvdrm device: %w", domid, err))
 			continue
 		}

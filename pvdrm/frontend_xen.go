@@ -93,11 +93,16 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 	// Connected is the back end's only state that goes on. Its state not
 	// readable twice running (a removed back-end directory reads EACCES
 	// in a guest) is taken for gone too.
+	//
+	// A back end handed to a new daemon process says so (its handoff
+	// mark, xenbus.KeyHandoff) until that process takes it over; a mark
+	// that stays longer than it says fails what waits too: the new
+	// process died, or could not start.
 	link := x.Xenbus()
 	go func() {
 		t := time.NewTicker(xenPeerPoll)
 		defer t.Stop()
-		unread := 0
+		var w xenBackWatch
 		for tick := 1; ; tick++ {
 			select {
 			case <-fe.Client.done:
@@ -111,23 +116,71 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 			if tick%xenStateLooks != 0 {
 				continue
 			}
+			var l xenBackLook
 			sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
-			st, err := link.PeerState(sctx)
-			timedOut := sctx.Err() != nil
+			l.state, l.stateErr = link.PeerState(sctx)
+			if l.stateErr == nil {
+				l.handoff, l.handingOff, l.handoffErr = link.PeerHandoff(sctx)
+			}
+			l.timedOut = sctx.Err() != nil
 			cancel()
-			switch {
-			case err != nil && !timedOut:
-				if unread++; unread >= 2 {
-					fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end's state cannot be read: %w", err))
-					return
-				}
-			case err == nil && st != xenbus.StateConnected:
-				fe.Client.Abort(fmt.Errorf("pvdrm xen: the back end left the device (%v)", st))
+			if err := w.look(l, time.Now()); err != nil {
+				fe.Client.Abort(err)
 				return
-			default:
-				unread = 0
 			}
 		}
 	}()
 	return fe, nil
+}
+
+// xenBackLook is what one look at the back end's xenstore directory read.
+type xenBackLook struct {
+	state      xenbus.State
+	stateErr   error
+	handoff    time.Duration // the handoff mark's bound
+	handingOff bool          // there is a mark
+	handoffErr error
+	timedOut   bool // the reads did not finish in time (xenstored busy)
+}
+
+// xenBackWatch judges a front end's looks at its back end: the back end
+// must stay Connected (its state unreadable twice running is taken for
+// gone: a removed back-end directory reads EACCES in a guest), and a
+// handoff mark must go within the bound it names, counted from the first
+// look that saw it.
+type xenBackWatch struct {
+	unread   int
+	markSeen time.Time // the first look at the current mark; zero: none
+}
+
+// look takes one look (made at now) and returns why the front end must
+// fail, or nil.
+func (w *xenBackWatch) look(l xenBackLook, now time.Time) error {
+	err := l.stateErr
+	if err == nil {
+		err = l.handoffErr
+	}
+	switch {
+	case err != nil && !l.timedOut:
+		if w.unread++; w.unread >= 2 {
+			return fmt.Errorf("pvdrm xen: the back end's state cannot be read: %w", err)
+		}
+		return nil
+	case err != nil:
+		return nil // xenstored is slow: look again
+	case l.state != xenbus.StateConnected:
+		return fmt.Errorf("pvdrm xen: the back end left the device (%v)", l.state)
+	}
+	w.unread = 0
+	if !l.handingOff {
+		w.markSeen = time.Time{}
+		return nil
+	}
+	if w.markSeen.IsZero() {
+		w.markSeen = now
+	}
+	if now.Sub(w.markSeen) > l.handoff {
+		return fmt.Errorf("pvdrm xen: the daemon handed the device to a new process and none took it over within %v", l.handoff)
+	}
+	return nil
 }

@@ -389,6 +389,12 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 	if err := armLiveness(mem, x.ring, xenBackAliveOff, x.ev.Port()); err != nil {
 		return err
 	}
+	// Served here now, resumed or not (a device handed over before its
+	// handshake ended gets the handshake): the front end stops counting
+	// (xenbus.KeyHandoff).
+	if err := x.link.ClearHandoff(ctx); err != nil {
+		return err
+	}
 	if cfg.NoConnect || x.resumed {
 		return nil
 	}
@@ -411,7 +417,7 @@ func (x *XenBack) ResumesHandoff() bool { return true }
 // any state. The front end waits, its requests on the ring, for the new
 // process (XenBackConfig.Resume), which binds its port again: Xen left it
 // unbound to dom0 when this process's end closed.
-func (x *XenBack) Disown() error {
+func (x *XenBack) Disown(ctx context.Context) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.ring == nil {
@@ -421,8 +427,15 @@ func (x *XenBack) Disown() error {
 		return err
 	}
 	x.disowned = true
-	return nil
+	// The front end's only word that the takeover failed: the mark
+	// staying longer than XenHandoffTakeover.
+	return x.link.MarkHandoff(ctx, XenHandoffTakeover)
 }
+
+// XenHandoffTakeover is how long a front end whose back end was handed to
+// a new daemon process (Disown) waits for that process to take the device
+// over before it fails (xenbus.KeyHandoff).
+const XenHandoffTakeover = 2 * time.Minute
 
 // Connect switches to Connected (after NewXenBack with NoConnect),
 // publishing extra for the front end to read.

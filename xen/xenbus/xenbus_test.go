@@ -491,3 +491,45 @@ func TestResumeBack(t *testing.T) {
 		t.Fatalf("resume of a device whose directory names another front end: %v", err)
 	}
 }
+
+// TestHandoffMark: a back end marked handed over says so to its front end
+// with the takeover's bound, the process that takes it over clears the
+// mark (twice is no error), and a front end refuses a mark that is not a
+// number of seconds in 1..3600.
+func TestHandoffMark(t *testing.T) {
+	s, front, back := newTestDevice(t)
+	ctx := testCtx(t)
+	f, b, _ := handshake(t, front, back, []uint32{100})
+	if _, ok, err := f.PeerHandoff(ctx); ok || err != nil {
+		t.Fatalf("a mark before any handoff: %v, %v", ok, err)
+	}
+	if err := b.MarkHandoff(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok, err := f.PeerHandoff(ctx); !ok || err != nil || d != 2*time.Minute {
+		t.Fatalf("the front end reads the mark as %v, %v, %v", d, ok, err)
+	}
+	if err := b.MarkHandoff(ctx, 2*time.Hour); err == nil {
+		t.Error("a two-hour bound was written")
+	}
+	r, err := ResumeBack(ctx, s.Connect(t, 0), testDevice(), testVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := r.ClearHandoff(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, err := f.PeerHandoff(ctx); ok || err != nil {
+		t.Fatalf("the mark after the takeover: %v, %v", ok, err)
+	}
+	for _, bad := range []string{"0", "3601", "soon"} {
+		if err := s.Connect(t, 0).Write(ctx, testDevice().BackendPath()+"/"+KeyHandoff, bad); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := f.PeerHandoff(ctx); err == nil {
+			t.Errorf("mark %q accepted", bad)
+		}
+	}
+}
