@@ -1,6 +1,8 @@
 package qemudev
 
 import (
+	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -13,13 +15,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestHandoffUnderQEMU: a real `gpuvm serve` hands off (SIGUSR2) while
-// QEMU's device, with posted writes, fills 64 KiB of its vGPU's VRAM
-// through the PRAMIN window. The device resumes on the new process, the
-// posted writes the old one had not run are repeated, and every word
-// reads back what was written — before, during and after the handoff —
-// from VRAM the board kept in place. The daemon keeps its PID.
-func TestHandoffUnderQEMU(t *testing.T) {
+// daemon is a real `gpuvm serve` on a simulated board: its binary, sockets
+// and log.
+type daemon struct {
+	exe, sock, ctl string
+	cmd            *exec.Cmd
+	logs           *syncBuffer
+	exited         chan error
+}
+
+// startDaemon builds cmd/gpuvm and starts `gpuvm serve` with two 256 MiB
+// slots (skipped without a QEMU with the device, and with -short).
+func startDaemon(t *testing.T) *daemon {
+	t.Helper()
 	qemuBinary(t) // skips without a QEMU with the device
 	if testing.Short() {
 		t.Skip("builds and runs the daemon")
@@ -72,6 +80,28 @@ bar3_per_vm = "16MiB"
 		}
 	}
 
+	return &daemon{exe: exe, sock: sock, ctl: ctl, cmd: d, logs: logs, exited: exited}
+}
+
+// gpuvm runs the daemon's binary with args and returns its output.
+func (d *daemon) gpuvm(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(d.exe, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpuvm %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestHandoffUnderQEMU: a real `gpuvm serve` hands off (SIGUSR2) while
+// QEMU's device, with posted writes, fills 64 KiB of its vGPU's VRAM
+// through the PRAMIN window. The device resumes on the new process, the
+// posted writes the old one had not run are repeated, and every word
+// reads back what was written — before, during and after the handoff —
+// from VRAM the board kept in place. The daemon keeps its PID.
+func TestHandoffUnderQEMU(t *testing.T) {
+	dm := startDaemon(t)
+	sock, logs, d, exited := dm.sock, dm.logs, dm.cmd, dm.exited
 	q := startQEMU(t, qemuArgs(device(sock, ",posted-writes=on"), true))
 	q.place(t)
 	if v := q.readl(t, bar0Base); v != nvc0.Boot0Value {
@@ -113,6 +143,65 @@ bar3_per_vm = "16MiB"
 		exited <- err
 		t.Fatalf("the daemon exited: %v", err)
 	default:
+	}
+	for _, l := range strings.Split(q.stderr.String(), "\n") {
+		if strings.Contains(l, "gpuvm:") {
+			t.Log(strings.TrimSpace(l))
+		}
+	}
+}
+
+// TestSaveRestoreUnderQEMU: QEMU's device, with posted writes, fills 64
+// KiB of its vGPU's VRAM through the PRAMIN window; the vGPU is saved to
+// a file with `gpuvm vgpu save` (destroyed once the image is on disk)
+// and, while the device's next access waits, restored with `gpuvm vgpu
+// restore --domid`. The device resumes on the restored vGPU and every
+// word reads back, those written after the save included.
+func TestSaveRestoreUnderQEMU(t *testing.T) {
+	dm := startDaemon(t)
+	q := startQEMU(t, qemuArgs(device(dm.sock, ",posted-writes=on"), true))
+	q.place(t)
+	q.writel(t, bar0Base+nvc0.RegPRAMINWindow, nvc0.PRAMINWindowEncode(16<<20))
+	const words = 16384
+	word := func(i int) uint64 { return bar0Base + nvc0.PRAMINBase + 4*uint64(i) }
+	for i := range words / 2 {
+		q.writel(t, word(i), uint32(i)^0x3c3c0000)
+	}
+	var list []struct {
+		ID   int    `json:"id"`
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal([]byte(dm.gpuvm(t, "vgpu", "list", "--control-socket", dm.ctl)), &list); err != nil || len(list) != 1 || list[0].Name != vmName {
+		t.Fatalf("vgpu list: %+v, %v", list, err)
+	}
+	img := filepath.Join(t.TempDir(), "vgpu.img")
+	dm.gpuvm(t, "vgpu", "save", "--control-socket", dm.ctl, fmt.Sprint(list[0].ID), img)
+	restored := make(chan string, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond) // the device's next access waits meanwhile
+		out, err := exec.Command(dm.exe, "vgpu", "restore", "--control-socket", dm.ctl, "--domid", fmt.Sprint(domID), img).CombinedOutput()
+		if err != nil {
+			out = append(out, []byte(err.Error())...)
+		}
+		restored <- string(out)
+	}()
+	for i := words / 2; i < words; i++ {
+		q.writel(t, word(i), uint32(i)^0x3c3c0000)
+	}
+	t.Logf("restore: %s", strings.TrimSpace(<-restored))
+	bad := 0
+	for i := range words {
+		if v := q.readl(t, word(i)); v != uint32(i)^0x3c3c0000 {
+			if bad++; bad <= 5 {
+				t.Errorf("word %d reads %#x, want %#x", i, v, uint32(i)^0x3c3c0000)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d words wrong after the save and restore", bad, words)
+	}
+	if s := q.stderr.String(); !strings.Contains(s, "gpuvm: resumed on the restored vGPU") {
+		t.Fatalf("QEMU did not resume: %q", s)
 	}
 	for _, l := range strings.Split(q.stderr.String(), "\n") {
 		if strings.Contains(l, "gpuvm:") {
