@@ -99,14 +99,17 @@ func (h *Host) HandOffXenPVDRM(held func(*aggregator.VGPU) bool) error {
 	if h.xenHandoff == nil {
 		h.xenHandoff = make(chan struct{})
 	}
-	ctx, cancel := context.WithTimeout(h.bg, 5*time.Second)
-	defer cancel()
 	var errs []error
 	for domid, s := range h.xenPVDRM {
-		if s.session == nil || s.vgpu == nil || !held(s.vgpu) {
+		// A stopped back end is not in the manifest (XenPVDRMBacks): its
+		// device is not marked either; its front end sees it go.
+		if s.session == nil || s.vgpu == nil || !held(s.vgpu) || s.ctx.Err() != nil {
 			continue
 		}
-		if err := s.session.Disown(ctx); err != nil {
+		ctx, cancel := context.WithTimeout(h.bg, 5*time.Second) // each its own: xenstored may be slow
+		err := s.session.Disown(ctx)
+		cancel()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("domain %d's pvdrm device: %w", domid, err))
 			continue
 		}

@@ -120,7 +120,7 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 			sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
 			l.state, l.stateErr = link.PeerState(sctx)
 			if l.stateErr == nil {
-				l.handoff, l.handingOff, l.handoffErr = link.PeerHandoff(sctx)
+				l.mark, l.handingOff, l.handoffErr = link.PeerHandoff(sctx)
 			}
 			l.timedOut = sctx.Err() != nil
 			cancel()
@@ -137,8 +137,8 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 type xenBackLook struct {
 	state      xenbus.State
 	stateErr   error
-	handoff    time.Duration // the handoff mark's bound
-	handingOff bool          // there is a mark
+	mark       xenbus.HandoffMark
+	handingOff bool // there is a mark
 	handoffErr error
 	timedOut   bool // the reads did not finish in time (xenstored busy)
 }
@@ -151,19 +151,21 @@ type xenBackLook struct {
 type xenBackWatch struct {
 	unread   int
 	markSeen time.Time // the first look at the current mark; zero: none
+	markID   string    // which mark that is
 }
 
 // look takes one look (made at now) and returns why the front end must
 // fail, or nil.
 func (w *xenBackWatch) look(l xenBackLook, now time.Time) error {
 	err := l.stateErr
-	if err == nil {
-		err = l.handoffErr
+	what := "state"
+	if err == nil && l.handoffErr != nil {
+		err, what = l.handoffErr, "handoff mark"
 	}
 	switch {
 	case err != nil && !l.timedOut:
 		if w.unread++; w.unread >= 2 {
-			return fmt.Errorf("pvdrm xen: the back end's state cannot be read: %w", err)
+			return fmt.Errorf("pvdrm xen: the back end's %s cannot be read: %w", what, err)
 		}
 		return nil
 	case err != nil:
@@ -176,11 +178,11 @@ func (w *xenBackWatch) look(l xenBackLook, now time.Time) error {
 		w.markSeen = time.Time{}
 		return nil
 	}
-	if w.markSeen.IsZero() {
-		w.markSeen = now
+	if w.markSeen.IsZero() || l.mark.ID != w.markID {
+		w.markSeen, w.markID = now, l.mark.ID // a mark written anew counts afresh
 	}
-	if now.Sub(w.markSeen) > l.handoff {
-		return fmt.Errorf("pvdrm xen: the daemon handed the device to a new process and none took it over within %v", l.handoff)
+	if now.Sub(w.markSeen) > l.mark.Within {
+		return fmt.Errorf("pvdrm xen: the daemon handed the device to a new process and none took it over within %v", l.mark.Within)
 	}
 	return nil
 }

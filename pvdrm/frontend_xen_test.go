@@ -19,7 +19,9 @@ import (
 func TestXenBackWatch(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ok := xenBackLook{state: xenbus.StateConnected}
-	marked := xenBackLook{state: xenbus.StateConnected, handingOff: true, handoff: 2 * time.Minute}
+	marked := xenBackLook{state: xenbus.StateConnected, handingOff: true, mark: xenbus.HandoffMark{Within: 2 * time.Minute, ID: "1"}}
+	remarked := marked
+	remarked.mark.ID = "2"
 	unreadable := xenBackLook{stateErr: errors.New("EACCES")}
 	slow := xenBackLook{stateErr: errors.New("deadline"), timedOut: true}
 	for _, c := range []struct {
@@ -36,8 +38,10 @@ func TestXenBackWatch(t *testing.T) {
 		{"taken over in time", []xenBackLook{marked, marked, ok}, []time.Duration{0, 119 * time.Second, 120 * time.Second}, ""},
 		{"never taken over", []xenBackLook{ok, marked, marked}, []time.Duration{0, time.Second, 122 * time.Second}, "none took it over within 2m0s"},
 		{"a second handoff counts afresh", []xenBackLook{marked, ok, marked, marked}, []time.Duration{0, 60 * time.Second, 100 * time.Second, 200 * time.Second}, ""},
+		{"a mark written again counts afresh", []xenBackLook{marked, marked, remarked, remarked}, []time.Duration{0, 100 * time.Second, 101 * time.Second, 200 * time.Second}, ""},
+		{"a mark written again stays too long", []xenBackLook{marked, remarked, remarked}, []time.Duration{0, 100 * time.Second, 221 * time.Second}, "none took it over"},
 		{"a bad mark", []xenBackLook{{state: xenbus.StateConnected, handoffErr: errors.New("bad mark")}, {state: xenbus.StateConnected, handoffErr: errors.New("bad mark")}},
-			[]time.Duration{0, time.Second}, "cannot be read"},
+			[]time.Duration{0, time.Second}, "handoff mark cannot be read"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var w xenBackWatch

@@ -423,13 +423,18 @@ func (x *XenBack) Disown(ctx context.Context) error {
 	if x.ring == nil {
 		return errors.New("pvdrm xen back: no ring to hand over (the device was closed)")
 	}
-	if err := x.ring.SetUnmapNotify(len(x.ring.Mem())-xenBackAliveOff, 0, 0); err != nil {
+	// The mark first: once the notification is disarmed, it is the front
+	// end's only word that the takeover failed (it stays longer than
+	// XenHandoffTakeover). A Disown that fails leaves the device armed
+	// and unmarked, as if it had not been called.
+	if err := x.link.MarkHandoff(ctx, XenHandoffTakeover); err != nil {
 		return err
 	}
+	if err := x.ring.SetUnmapNotify(len(x.ring.Mem())-xenBackAliveOff, 0, 0); err != nil {
+		return errors.Join(err, x.link.ClearHandoff(ctx))
+	}
 	x.disowned = true
-	// The front end's only word that the takeover failed: the mark
-	// staying longer than XenHandoffTakeover.
-	return x.link.MarkHandoff(ctx, XenHandoffTakeover)
+	return nil
 }
 
 // XenHandoffTakeover is how long a front end whose back end was handed to

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/gpuvm/gpuvm/xen/xenstore"
 )
 
 // A back end handed to a new back-end process (gpuvm serve's handoff,
@@ -17,8 +19,14 @@ import (
 // over removes the mark; a front end that sees the mark stay longer fails.
 
 // KeyHandoff is the back end's key saying its device is being handed to
-// another back-end process: the value is the seconds the takeover may take.
+// another back-end process: the value is the seconds the takeover may take
+// (decimal, 1..3600; a front end fails on any other value).
 const KeyHandoff = "handoff"
+
+// KeyHandoffID names each mark: written anew with every MarkHandoff, so a
+// front end tells a mark written again (a second handoff right after a
+// takeover) from one that stayed, and counts it afresh.
+const KeyHandoffID = "handoff-id"
 
 // maxHandoffSeconds bounds the mark's value as a front end reads it.
 const maxHandoffSeconds = 3600
@@ -30,7 +38,19 @@ func (b *Back) MarkHandoff(ctx context.Context, within time.Duration) error {
 	if secs > maxHandoffSeconds {
 		return fmt.Errorf("xenbus: handoff bound %v: at most %ds", within, maxHandoffSeconds)
 	}
-	if err := b.xs.Write(ctx, b.own+"/"+KeyHandoff, strconv.FormatInt(secs, 10)); err != nil {
+	id := strconv.FormatInt(time.Now().UnixNano(), 10)
+	err := b.xs.Transaction(ctx, func(tx xenstore.Tx) error {
+		// Only into a directory that is there: a device removed
+		// meanwhile is not made again.
+		if _, err := tx.Read(ctx, b.own+"/state"); err != nil {
+			return err
+		}
+		if err := tx.Write(ctx, b.own+"/"+KeyHandoffID, id); err != nil {
+			return err
+		}
+		return tx.Write(ctx, b.own+"/"+KeyHandoff, strconv.FormatInt(secs, 10))
+	})
+	if err != nil {
 		return fmt.Errorf("xenbus: marking %s handed over: %w", b.own, err)
 	}
 	return nil
@@ -39,22 +59,43 @@ func (b *Back) MarkHandoff(ctx context.Context, within time.Duration) error {
 // ClearHandoff removes the mark: this process took the device over. No
 // mark is not an error.
 func (b *Back) ClearHandoff(ctx context.Context) error {
-	if err := b.xs.Rm(ctx, b.own+"/"+KeyHandoff); err != nil && !isNotExist(err) {
-		return fmt.Errorf("xenbus: clearing %s's handoff mark: %w", b.own, err)
+	for _, k := range []string{KeyHandoff, KeyHandoffID} {
+		if err := b.xs.Rm(ctx, b.own+"/"+k); err != nil && !isNotExist(err) {
+			return fmt.Errorf("xenbus: clearing %s's handoff mark: %w", b.own, err)
+		}
 	}
 	return nil
 }
 
-// PeerHandoff reads the back end's handoff mark: the time its takeover
-// may take, and whether there is one. A value that is not a number of
-// seconds in 1..3600 is an error.
-func (f *Front) PeerHandoff(ctx context.Context) (time.Duration, bool, error) {
-	v, err := readNumber(ctx, f.xs, f.peer, KeyHandoff, 1, maxHandoffSeconds)
-	if isNotExist(err) {
-		return 0, false, nil
-	}
+// HandoffMark is a back end's handoff mark as its front end reads it.
+type HandoffMark struct {
+	Within time.Duration // the time the takeover may take
+	ID     string        // which mark (KeyHandoffID)
+}
+
+// PeerHandoff reads the back end's handoff mark, and whether there is
+// one. A value that is not a number of seconds in 1..3600 is an error.
+func (f *Front) PeerHandoff(ctx context.Context) (HandoffMark, bool, error) {
+	var m HandoffMark
+	var ok bool
+	err := f.xs.Transaction(ctx, func(tx xenstore.Tx) error {
+		m, ok = HandoffMark{}, false
+		v, err := readNumber(ctx, tx, f.peer, KeyHandoff, 1, maxHandoffSeconds)
+		if isNotExist(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		id, err := tx.Read(ctx, f.peer+"/"+KeyHandoffID)
+		if err != nil && !isNotExist(err) {
+			return err
+		}
+		m, ok = HandoffMark{Within: time.Duration(v) * time.Second, ID: id}, true
+		return nil
+	})
 	if err != nil {
-		return 0, false, err
+		return HandoffMark{}, false, fmt.Errorf("xenbus: %s's handoff mark: %w", f.peer, err)
 	}
-	return time.Duration(v) * time.Second, true, nil
+	return m, ok, nil
 }

@@ -340,7 +340,7 @@ func checkExtraKey(key string) error {
 		return fmt.Errorf("xenbus: extra key %q: want 1..64 characters", key)
 	case key == "event-channel", key == "protocol-version", key == "state", key == "backend", key == "backend-id",
 		key == "frontend", key == "frontend-id", key == "online", key == "max-ring-page-order",
-		key == "ring-page-order", strings.HasPrefix(key, "ring-ref"):
+		key == "ring-page-order", strings.HasPrefix(key, "ring-ref"), key == KeyHandoff, key == KeyHandoffID:
 		return fmt.Errorf("xenbus: extra key %q is the handshake's own", key)
 	}
 	for _, c := range key {

@@ -506,8 +506,15 @@ func TestHandoffMark(t *testing.T) {
 	if err := b.MarkHandoff(ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if d, ok, err := f.PeerHandoff(ctx); !ok || err != nil || d != 2*time.Minute {
-		t.Fatalf("the front end reads the mark as %v, %v, %v", d, ok, err)
+	m, ok, err := f.PeerHandoff(ctx)
+	if !ok || err != nil || m.Within != 2*time.Minute || m.ID == "" {
+		t.Fatalf("the front end reads the mark as %+v, %v, %v", m, ok, err)
+	}
+	if err := b.MarkHandoff(ctx, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if m2, _, _ := f.PeerHandoff(ctx); m2.ID == m.ID {
+		t.Errorf("a mark written again keeps its id %q", m.ID)
 	}
 	if err := b.MarkHandoff(ctx, 2*time.Hour); err == nil {
 		t.Error("a two-hour bound was written")
