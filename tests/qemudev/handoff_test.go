@@ -124,20 +124,7 @@ func TestHandoffUnderQEMU(t *testing.T) {
 			t.Fatal("no new process serves")
 		}
 	}
-	bad := 0
-	for i := range words {
-		if v := q.readl(t, word(i)); v != uint32(i)^0x5a5a0000 {
-			if bad++; bad <= 5 {
-				t.Errorf("word %d reads %#x, want %#x", i, v, uint32(i)^0x5a5a0000)
-			}
-		}
-	}
-	if bad > 0 {
-		t.Fatalf("%d of %d words wrong after the handoff", bad, words)
-	}
-	if s := q.stderr.String(); !strings.Contains(s, "gpuvm: resumed on the restored vGPU") {
-		t.Fatalf("QEMU did not resume: %q", s)
-	}
+	q.readsBack(t, words, word, 0x5a5a0000, "handoff")
 	select {
 	case err := <-exited:
 		exited <- err
@@ -189,23 +176,30 @@ func TestSaveRestoreUnderQEMU(t *testing.T) {
 		q.writel(t, word(i), uint32(i)^0x3c3c0000)
 	}
 	t.Logf("restore: %s", strings.TrimSpace(<-restored))
-	bad := 0
-	for i := range words {
-		if v := q.readl(t, word(i)); v != uint32(i)^0x3c3c0000 {
-			if bad++; bad <= 5 {
-				t.Errorf("word %d reads %#x, want %#x", i, v, uint32(i)^0x3c3c0000)
-			}
-		}
-	}
-	if bad > 0 {
-		t.Fatalf("%d of %d words wrong after the save and restore", bad, words)
-	}
-	if s := q.stderr.String(); !strings.Contains(s, "gpuvm: resumed on the restored vGPU") {
-		t.Fatalf("QEMU did not resume: %q", s)
-	}
+	q.readsBack(t, words, word, 0x3c3c0000, "save and restore")
 	for _, l := range strings.Split(q.stderr.String(), "\n") {
 		if strings.Contains(l, "gpuvm:") {
 			t.Log(strings.TrimSpace(l))
 		}
+	}
+}
+
+// readsBack checks that the device resumed and that word i of the
+// PRAMIN window reads i^mark for i < words.
+func (q *qemu) readsBack(t *testing.T, words int, word func(int) uint64, mark uint32, after string) {
+	t.Helper()
+	bad := 0
+	for i := range words {
+		if v := q.readl(t, word(i)); v != uint32(i)^mark {
+			if bad++; bad <= 5 {
+				t.Errorf("word %d reads %#x, want %#x", i, v, uint32(i)^mark)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d words wrong after the %s", bad, words, after)
+	}
+	if s := q.stderr.String(); !strings.Contains(s, "gpuvm: resumed on the restored vGPU") {
+		t.Fatalf("QEMU did not resume: %q", s)
 	}
 }
