@@ -113,18 +113,11 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 	}
 	// The posted writes the old daemon did not run go to the restored
 	// vGPU first, in order, before the access that met the Bye.
-	var unrun []ipc.PostedWrite
-	if d.posted {
-		var perr error
-		if unrun, perr = old.UnrunPosted(); perr != nil {
-			_ = old.Close()
-			return nil, fmt.Errorf("device model: resuming after the save: %w", perr)
-		}
-		// What an earlier resume could not queue comes after them.
-		unrun = append(unrun, d.unqueued...)
-		d.unqueued = nil
-	}
+	unrun, perr := takeUnrun(old, &d.unqueued)
 	_ = old.Close()
+	if perr != nil {
+		return nil, fmt.Errorf("device model: resuming after the save: %w", perr)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ResumeTimeout)
 	defer cancel()
@@ -175,6 +168,23 @@ func (d *Device) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 		}
 		backoff = min(2*backoff, resumeMaxBackoff)
 	}
+}
+
+// takeUnrun returns the posted writes to repeat after connection old
+// ended with a saved Bye: those its daemon did not run (none when it does
+// not say: then every write completed), then those an earlier resume
+// could not queue (*unqueued, emptied).
+func takeUnrun(old *ipc.Client, unqueued *[]ipc.PostedWrite) ([]ipc.PostedWrite, error) {
+	var unrun []ipc.PostedWrite
+	if old.ReplaysPosted() {
+		var err error
+		if unrun, err = old.UnrunPosted(); err != nil {
+			return nil, err
+		}
+	}
+	unrun = append(unrun, *unqueued...)
+	*unqueued = nil
+	return unrun, nil
 }
 
 // replayPosted repeats on c, in order, the posted writes the old

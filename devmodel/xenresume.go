@@ -140,17 +140,11 @@ func (b *xenBackend) resume(old *ipc.Client, why error) (*ipc.Client, error) {
 	start := time.Now()
 	log := b.cfg.Logger
 	log.Info("device model: the daemon hands off; resuming on its new process", "domid", b.cfg.DomID, "bye", why)
-	var unrun []ipc.PostedWrite
-	if old.ReplaysPosted() {
-		var err error
-		if unrun, err = old.UnrunPosted(); err != nil {
-			_ = old.Close()
-			return nil, fmt.Errorf("resuming after the handoff: %w", err)
-		}
-	}
-	unrun = append(unrun, b.unqueued...) // an earlier resume's rest, after them
-	b.unqueued = nil
+	unrun, uerr := takeUnrun(old, &b.unqueued)
 	_ = old.Close()
+	if uerr != nil {
+		return nil, fmt.Errorf("resuming after the handoff: %w", uerr)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout)
 	defer cancel()
 	go func() {
