@@ -36,7 +36,7 @@ func busyHonestArgs(runs int) []string {
 // waits until it is submitting work (its doorbells reach the aggregator).
 func (e *env) startBusyHonest(t *testing.T, runs int) (*proc, *aggregator.VGPU) {
 	t.Helper()
-	p := e.startVM(t, "honest", 7, "fv-naive", busyHonestArgs(runs))
+	p := e.startVM(t, "honest", 7, bystanderMode(), busyHonestArgs(runs))
 	v := e.waitAttached(t, "honest", p)
 	// A hang guard, not a performance bound: CI runs this package beside
 	// others that start VM processes of their own on 2 CPUs.
