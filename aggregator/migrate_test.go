@@ -9,8 +9,10 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
+	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/gdev"
 	"github.com/gpuvm/gpuvm/vgpuimage"
 )
@@ -64,7 +66,7 @@ func pattern(n int, seed byte) []byte {
 // re-sent — found by their digests — and the stream carries their new
 // content.
 func TestMigrateRoundResendsWrittenPages(t *testing.T) {
-	src, _ := newTestAggregator(t, 2)
+	src, board := newTestAggregator(t, 2)
 	s := startSavable(t, src, 5, "migrated", "fv-optimized")
 	verifiedWork(t, s.guestVM)
 	ctx, err := gdev.NewContext(s.dev)
@@ -84,6 +86,7 @@ func TestMigrateRoundResendsWrittenPages(t *testing.T) {
 	if err := ctx.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+	waitChannelsIdle(t, board)
 
 	var stream bytes.Buffer
 	m := newMigration(s.v)
@@ -123,6 +126,7 @@ func TestMigrateRoundResendsWrittenPages(t *testing.T) {
 	if err := ctx.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+	waitChannelsIdle(t, board)
 	k, recs = round("a copy-engine write")
 	if k < n {
 		t.Fatalf("64 KiB written by the copy engine: %d bytes re-sent", k)
@@ -132,6 +136,26 @@ func TestMigrateRoundResendsWrittenPages(t *testing.T) {
 	}
 	if k, _ := round("nothing written again"); k != 0 {
 		t.Fatalf("a round with nothing written sent %d bytes", k)
+	}
+}
+
+// waitChannelsIdle waits until no channel of the board has work pending.
+// A fence the guest waits for is visible before the GPU publishes GP_GET
+// and DMA_GET in USERD (the guest's VRAM), as on the hardware: after
+// Synchronize the GPU may still write a page, which a round must then
+// re-send, and a test of idle rounds has to wait for that write.
+func waitChannelsIdle(t *testing.T, board *sim.Board) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute) // a hang guard
+	for ch := 0; ch < nvc0.MaxChannels; {
+		if board.Read32(nvc0.BAR0, uint64(nvc0.ChanCtl(ch)))&nvc0.ChanCtlPending == 0 {
+			ch++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("channel %d still has work pending after a minute", ch)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
