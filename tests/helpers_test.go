@@ -34,6 +34,7 @@ import (
 	"github.com/gpuvm/gpuvm/gpu/nvc0"
 	"github.com/gpuvm/gpuvm/gpu/sim"
 	"github.com/gpuvm/gpuvm/guest-driver/nouveau"
+	"github.com/gpuvm/gpuvm/internal/racebuild"
 	"github.com/gpuvm/gpuvm/ipc"
 )
 
@@ -379,7 +380,7 @@ func (e *env) startHonest(t *testing.T) (*proc, *aggregator.VGPU) {
 // bystander costs the instrumented aggregator a fraction of the CPU (the
 // attacks' own VMs keep their modes).
 func bystanderMode() string {
-	if raceBuild && testing.Short() {
+	if racebuild.Enabled && testing.Short() {
 		return "fv-optimized"
 	}
 	return "fv-naive"

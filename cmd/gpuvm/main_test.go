@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuvm/gpuvm/internal/racebuild"
 )
 
 // TestMain lets the bench re-execute this test binary as gpuvm (its VM
@@ -26,7 +28,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(reexecEnv) == "1" {
 		os.Exit(run(os.Args))
 	}
-	if raceBuild && os.Getenv(selfExeEnv) == "" {
+	if racebuild.Enabled && os.Getenv(selfExeEnv) == "" {
 		dir, err := os.MkdirTemp("", "gpuvm-plain-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -1,6 +1,0 @@
-//go:build race
-
-package main
-
-// raceBuild: this test binary has the race detector.
-const raceBuild = true
