@@ -60,6 +60,7 @@ type GrantedPages struct {
 	refs  []uint32
 	mem   []byte
 	fixed bool // mapped at the caller's address (ShareAt)
+	flags uint16
 }
 
 // Share allocates that many zeroed pages, grants them to domain domid
@@ -89,7 +90,7 @@ func (g *Gntalloc) ShareAt(domid uint16, pages int, writable bool, at unsafe.Poi
 	if _, err := ioctl(uintptr(g.fd), ioctlGntallocAllocGref, unsafe.Pointer(&arg[0])); err != nil {
 		return nil, fmt.Errorf("xen: grant %d pages to domain %d: %w", pages, domid, err)
 	}
-	p := &GrantedPages{fd: g.fd, fixed: at != nil}
+	p := &GrantedPages{fd: g.fd, fixed: at != nil, flags: flags}
 	p.index, p.refs = allocGrefResult(arg, pages)
 	mem, err := mmapAt(g.fd, p.index, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, at)
 	if err != nil {
@@ -121,6 +122,44 @@ func unmapKeep(mem []byte, fixed bool) error {
 	}
 	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&mem[0]), uintptr(len(mem)), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
 	return err
+}
+
+// Regrant grants old's pages afresh to domain domid: new pages, granted
+// as old's were, filled with old's contents and mapped in old's place
+// (MAP_FIXED), so that the memory keeps its address; old's grants are
+// revoked and old is spent. A domain restored from a save (xl restore)
+// has a fresh grant table: its earlier grants are gone, and a front end
+// grants its shared memory again this way.
+//
+// The copy and the remapping are not one step: a write to old's memory
+// between them is lost. The caller stops its own writers first; writes
+// by others (an application's to a buffer it maps) are its contract's.
+func (g *Gntalloc) Regrant(old *GrantedPages, domid uint16) (*GrantedPages, error) {
+	if old.mem == nil || old.refs == nil {
+		return nil, errors.New("xen: regrant: the pages were closed")
+	}
+	pages := len(old.refs)
+	arg := allocGrefArg(domid, old.flags, pages)
+	if _, err := ioctl(uintptr(g.fd), ioctlGntallocAllocGref, unsafe.Pointer(&arg[0])); err != nil {
+		return nil, fmt.Errorf("xen: grant %d pages to domain %d again: %w", pages, domid, err)
+	}
+	p := &GrantedPages{fd: g.fd, fixed: old.fixed, flags: old.flags}
+	p.index, p.refs = allocGrefResult(arg, pages)
+	tmp, err := unix.Mmap(g.fd, int64(p.index), pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("xen: map %d regranted pages: %w", pages, err), p.Close())
+	}
+	copy(tmp, old.mem)
+	mem, err := mmapAt(g.fd, p.index, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unsafe.Pointer(&old.mem[0]))
+	if uerr := unix.Munmap(tmp); err == nil && uerr != nil {
+		err = uerr
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("xen: map %d regranted pages in place: %w", pages, err), p.Close())
+	}
+	p.mem = mem
+	old.mem = nil // replaced: its mapping is gone, the range is p's
+	return p, old.Close()
 }
 
 // Refs returns the grant references, one per page, in order.
