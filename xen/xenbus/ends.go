@@ -236,17 +236,33 @@ type Back struct {
 // StartBack begins the back end's handshake for device d; version is the
 // highest protocol version the back end speaks. It checks its directory's
 // frontend-id and frontend keys name exactly the device's front end,
-// offers version and the largest ring (MaxRingPageOrder), and switches to
-// InitWait.
+// offers version and the largest ring (MaxRingPageOrder), clears a saved
+// mark an earlier back end left (KeySaved), and switches to InitWait.
 func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
+	return startBack(ctx, xs, d, version, false)
+}
+
+// StartBackResuming is StartBack for a back end that restores a saved
+// state: it offers the device with KeyResume, which a saved front end
+// waits for (saved.go).
+func StartBackResuming(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
+	return startBack(ctx, xs, d, version, true)
+}
+
+func startBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32, resume bool) (*Back, error) {
 	b, err := newBack(ctx, xs, d, version)
 	if err != nil {
 		return nil, err
 	}
 	err = switchState(ctx, xs, b.own, StateInitWait, func(tx xenstore.Tx) error {
+		res := rmIfThere(ctx, tx, b.own+"/"+KeyResume)
+		if resume {
+			res = tx.Write(ctx, b.own+"/"+KeyResume, "1")
+		}
 		return errors.Join(
 			tx.Write(ctx, b.own+"/protocol-version", fmt.Sprint(version)),
-			tx.Write(ctx, b.own+"/max-ring-page-order", fmt.Sprint(MaxRingPageOrder)))
+			tx.Write(ctx, b.own+"/max-ring-page-order", fmt.Sprint(MaxRingPageOrder)),
+			rmIfThere(ctx, tx, b.own+"/"+KeySaved), res)
 	})
 	if err != nil {
 		return nil, err
@@ -254,8 +270,6 @@ func StartBack(ctx context.Context, xs *xenstore.Client, d Device, version uint3
 	return b, nil
 }
 
-// newBack is device d's back end, its directory checked: its frontend-id
-// and frontend keys must name exactly the device's front end.
 func newBack(ctx context.Context, xs *xenstore.Client, d Device, version uint32) (*Back, error) {
 	if err := d.check(); err != nil {
 		return nil, err
