@@ -241,6 +241,14 @@ func (c *Client) readLoop(ctx context.Context) {
 	}
 }
 
+// holdPushes runs f with no request pushed onto the ring and no response
+// taken off it meanwhile (a transport moving the ring's pages).
+func (c *Client) holdPushes(f func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return f()
+}
+
 // Abort ends the connection because of err (the aggregator hung up):
 // requests waiting and to come fail with it.
 func (c *Client) Abort(err error) {

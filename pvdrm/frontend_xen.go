@@ -34,6 +34,11 @@ func XenWelcomeKeys(w ipc.Welcome) []xenbus.Extra {
 	return []xenbus.Extra{{Key: xenKeyVGPU, Value: uint64(w.VGPU)}, {Key: xenKeyVRAMSize, Value: w.VRAMSize}, {Key: xenKeyChannels, Value: uint64(w.Channels)}}
 }
 
+// xenWelcomeKeys are the keys a front end reads with Connected, bounded.
+func xenWelcomeKeys() []xenbus.ExtraKey {
+	return []xenbus.ExtraKey{{Key: xenKeyVGPU, Lo: 0, Hi: 1 << 31}, {Key: xenKeyVRAMSize, Lo: 1, Hi: 1 << 40}, {Key: xenKeyChannels, Lo: 1, Hi: 1 << 16}}
+}
+
 // XenDialConfig configures a front end on the xen transport (in a guest).
 type XenDialConfig struct {
 	// DevID is the pvdrm device (the toolstack created it; 0 by default).
@@ -47,7 +52,13 @@ type XenDialConfig struct {
 	RingPages int
 	// DevDir is where the Xen devices are ("" is xen.DevDir).
 	DevDir string
-	Logger *slog.Logger
+	// ResumeTimeout, when positive, lets the front end outlive a save of
+	// its vGPU (gpuvm xl save, gpuvm vgpu save): it waits this long for a
+	// back end that restores the image, here or in the domain xl restore
+	// makes, and resumes on it (xen_resume.go); requests wait meanwhile.
+	// 0: a save fails the front end, as its back end going does.
+	ResumeTimeout time.Duration
+	Logger        *slog.Logger
 }
 
 // DialXen connects a front end to its back end in dom0 over the xen
@@ -71,8 +82,7 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 	if err != nil {
 		return nil, errors.Join(err, xs.Close())
 	}
-	w, err := x.Xenbus().ReadPeer(ctx, xenbus.ExtraKey{Key: xenKeyVGPU, Lo: 0, Hi: 1 << 31},
-		xenbus.ExtraKey{Key: xenKeyVRAMSize, Lo: 1, Hi: 1 << 40}, xenbus.ExtraKey{Key: xenKeyChannels, Lo: 1, Hi: 1 << 16})
+	w, err := x.Xenbus().ReadPeer(ctx, xenWelcomeKeys()...)
 	if err != nil {
 		return nil, errors.Join(err, x.Close(), xs.Close())
 	}
@@ -98,7 +108,11 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 	// mark, xenbus.KeyHandoff) until that process takes it over; a mark
 	// that stays longer than it says fails what waits too: the new
 	// process died, or could not start.
-	link := x.Xenbus()
+	log := func(msg string, args ...any) {
+		if cfg.Logger != nil {
+			cfg.Logger.Info(msg, args...)
+		}
+	}
 	go func() {
 		t := time.NewTicker(xenPeerPoll)
 		defer t.Stop()
@@ -109,8 +123,27 @@ func DialXen(ctx context.Context, cfg XenDialConfig) (fe *FrontEnd, err error) {
 				return
 			case <-t.C:
 			}
+			link := x.Xenbus()
 			if x.PeerGone() {
-				fe.Client.Abort(errors.New("pvdrm xen: the back end let go of the ring"))
+				// Gone with its saved mark: the vGPU's state is in an
+				// image, and a back end that restores it will offer the
+				// device again.
+				sctx, cancel := context.WithTimeout(context.Background(), xenPeerPoll*xenStateLooks)
+				saved, err := link.PeerSaved(sctx)
+				cancel()
+				if err == nil && saved && cfg.ResumeTimeout > 0 {
+					if err := fe.xenSaved(x, cfg.DevID, cfg.ResumeTimeout, log); err != nil {
+						fe.Client.Abort(err)
+						return
+					}
+					w = xenBackWatch{}
+					continue
+				}
+				why := errors.New("pvdrm xen: the back end let go of the ring")
+				if saved {
+					why = errors.New("pvdrm xen: the back end saved the vGPU (this front end does not wait for a restore: no resume timeout)")
+				}
+				fe.Client.Abort(why)
 				return
 			}
 			if tick%xenStateLooks != 0 {

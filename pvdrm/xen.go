@@ -132,6 +132,13 @@ type XenFront struct {
 	gart *XenGART
 	xenEvents
 	closeTimeout time.Duration
+	devDir       string
+	pages        int
+	// evMu guards ev, link and the save state (xen_resume.go): a save
+	// closes the port under Notify and Wait, and the resume binds another.
+	evMu      sync.RWMutex
+	suspended bool          // saved: no port; requests wait on the ring
+	resumed   chan struct{} // closed when the front end resumes
 }
 
 // NewXenFront opens the Xen devices, runs the front end's handshake, and
@@ -150,7 +157,7 @@ func NewXenFront(ctx context.Context, cfg XenFrontConfig) (*XenFront, error) {
 	if _, err := xenbus.RingPageOrder(cfg.Pages); err != nil || cfg.Pages > MaxRingPages {
 		return nil, fmt.Errorf("pvdrm xen front: %d ring pages: want a power of two up to %d", cfg.Pages, MaxRingPages)
 	}
-	x := &XenFront{closeTimeout: cmp.Or(cfg.CloseTimeout, defaultXenCloseTimeout)}
+	x := &XenFront{closeTimeout: cmp.Or(cfg.CloseTimeout, defaultXenCloseTimeout), devDir: cfg.DevDir, pages: cfg.Pages}
 	var err error
 	if x.gnt, err = xen.OpenGntalloc(cfg.DevDir); err != nil {
 		return nil, err
@@ -227,7 +234,11 @@ func (x *XenFront) PeerGone() bool { return x.ring == nil || !peerAlive(x.ring.M
 
 // Xenbus returns the front end's handshake, for its state and the back
 // end's.
-func (x *XenFront) Xenbus() *xenbus.Front { return x.link }
+func (x *XenFront) Xenbus() *xenbus.Front {
+	x.evMu.RLock()
+	defer x.evMu.RUnlock()
+	return x.link
+}
 
 // Close switches to Closing, waits (CloseTimeout at most) for the back end
 // to stop using the ring unless it is gone already, revokes the grants,
@@ -235,6 +246,14 @@ func (x *XenFront) Xenbus() *xenbus.Front { return x.link }
 // NewXenFront.
 func (x *XenFront) Close() error {
 	var errs []error
+	x.evMu.Lock()
+	if x.suspended {
+		// Saved, and closed before any resume: the back end let go
+		// already, and the port is closed.
+		x.suspended = false
+		close(x.resumed)
+	}
+	x.evMu.Unlock()
 	if x.link != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), x.closeTimeout)
 		defer cancel()
@@ -288,6 +307,10 @@ type XenBackConfig struct {
 	// NoConnect leaves the switch to Connected to the caller (Connect),
 	// which may first set the device up and say what it granted.
 	NoConnect bool
+	// Restore offers the device to a saved front end
+	// (xenbus.StartBackResuming): the caller restores the state the save
+	// took (docs/pvdrm.md §8, "A device across a save").
+	Restore bool
 	// Resume takes over a device an earlier back-end process left
 	// Connected when it handed itself over (Disown): no state is
 	// switched, the front end sees nothing; Resumed reports it. A device
@@ -311,7 +334,8 @@ type XenBack struct {
 	// resumed: the device was taken over Connected (XenBackConfig.Resume).
 	resumed bool
 	// disowned: the device is handed to another back-end process
-	// (Disown): Close releases this process's mappings and port only.
+	// (Disown), or its state saved (MarkSaved): Close releases this
+	// process's mappings and port only.
 	disowned  bool
 	gartRef   uint32
 	gartPages int
@@ -357,8 +381,12 @@ func (x *XenBack) connect(ctx context.Context, cfg XenBackConfig) error {
 			return err
 		}
 	}
+	start := xenbus.StartBack
+	if cfg.Restore {
+		start = xenbus.StartBackResuming
+	}
 	if x.link == nil {
-		if x.link, err = xenbus.StartBack(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
+		if x.link, err = start(ctx, cfg.Xenstore, cfg.Device, Version); err != nil {
 			return err
 		}
 	}
@@ -436,6 +464,26 @@ func (x *XenBack) Disown(ctx context.Context) error {
 	x.disowned = true
 	return nil
 }
+
+// MarkSaved says, before the back end lets go of the ring, that its
+// state was saved (the vGPU's image taken): its front end, seeing the
+// ring's back-end liveness byte go, keeps its ring and waits for a back
+// end that restores the image (xenbus.KeySaved). Close then releases this
+// process's mappings and port without switching any state.
+func (x *XenBack) MarkSaved(ctx context.Context) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err := x.link.MarkSaved(ctx); err != nil {
+		return err
+	}
+	x.disowned = true
+	return nil
+}
+
+// FollowsSave reports that the front end outlives a save of the state
+// this back end serves, waiting for a back end that restores it (on this
+// daemon: the device is its).
+func (x *XenBack) FollowsSave() bool { return true }
 
 // XenHandoffTakeover is how long a front end whose back end was handed to
 // a new daemon process (Disown) waits for that process to take the device
