@@ -147,3 +147,15 @@ func (b *PVDRMBackend) frontEndRedials() bool {
 	_, ok := b.t.(*pvdrm.Local)
 	return ok
 }
+
+// saveFollower is a pvdrm transport whose front end outlives a save of
+// the vGPU and waits for the back end that restores its image on this
+// daemon (the xen one: the device is this daemon's; docs/pvdrm.md §8, "A device across a save").
+type saveFollower interface{ FollowsSave() bool }
+
+// frontEndFollowsSave reports whether the front end waits out a save of
+// the vGPU for a restore on this daemon.
+func (b *PVDRMBackend) frontEndFollowsSave() bool {
+	t, ok := b.t.(saveFollower)
+	return ok && t.FollowsSave()
+}

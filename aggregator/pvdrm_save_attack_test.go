@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/pvdrm"
@@ -124,4 +127,43 @@ func TestRestorePVDRMHostileImage(t *testing.T) {
 	}
 	s.verifyResumed(t)
 	checkHonest(t, s.honest, s.marker)
+}
+
+// TestRestorePVDRMRingMovedWhileSaved: a front end that, while its vGPU
+// is saved (its requests waiting on a ring no back end reads), moves the
+// ring's producer index past what the ring holds — a guest whose front
+// end's ring the toolstack will grant again to the restoring back end
+// (xl save and restore of a pvdrm domain, docs/pvdrm.md §8, "A device across a save") — is
+// refused by the restored back end at its first look: the ring is broken
+// for good, the back end stops, and closing it leaves only the honest VM,
+// whose marker is untouched. The image names the index the save stood
+// at; the ring's indices are the guest's, checked as ever.
+func TestRestorePVDRMRingMovedWhileSaved(t *testing.T) {
+	s := savePVDRMScene(t, "pvdrm")
+	if _, err := s.dst.RegisterRestore(s.guest.DomID, bytes.NewReader(s.image)); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	ring := s.g.front.Ring()
+	reqProd := (*uint32)(unsafe.Pointer(&ring[0])) // io/ring.h: req_prod first
+	atomic.AddUint32(reqProd, pvdrm.Slots(len(ring))+3)
+	if err := s.resume(t); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := s.g.front.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s.g.served:
+		if !errors.Is(err, pvdrm.ErrOverflow) {
+			t.Fatalf("the restored back end stopped with %v, want the ring's overflow", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the restored back end serves a ring whose producer index ran past its size")
+	}
+	s.g.halted = true
+	if err := s.g.b.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s.g.cancel = nil
+	s.onlyHonest(t)
 }

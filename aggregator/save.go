@@ -93,7 +93,7 @@ func (a *Aggregator) Save(ctx context.Context, v *VGPU, w io.Writer, keep bool) 
 func (a *Aggregator) SaveHeld(ctx context.Context, v *VGPU, w io.Writer, keep bool) (SaveStats, *SaveHold, error) {
 	start := time.Now()
 	var st SaveStats
-	if err := pvdrmLeaves(v); err != nil {
+	if err := pvdrmSaves(v); err != nil {
 		return st, nil, fmt.Errorf("save %w", err)
 	}
 	letGo, err := quiescePVDRM(ctx, v)
@@ -175,6 +175,17 @@ func pvdrmLeaves(v *VGPU) error {
 		return fmt.Errorf("vGPU %d (mode %s): %w: its front end is on the xen transport, which does not follow it to another daemon", v.ID, v.Guest.Mode, ErrSaveUnsupported)
 	}
 	return nil
+}
+
+// pvdrmSaves says why v's state cannot be saved as an image, or nil if
+// it can: as pvdrmLeaves, except that a front end on the xen transport
+// waits out the save for a back end of this daemon that restores the
+// image (gpuvm xl save and restore, docs/pvdrm.md §8, "A device across a save").
+func pvdrmSaves(v *VGPU) error {
+	if b := v.pvdrmBackend(); b != nil && b.frontEndFollowsSave() {
+		return nil
+	}
+	return pvdrmLeaves(v)
 }
 
 // quiescePVDRM stops a pvdrm vGPU's back end between two requests, as a

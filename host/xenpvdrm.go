@@ -15,10 +15,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/gpuvm/gpuvm/aggregator"
+	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/pvdrm"
 	"github.com/gpuvm/gpuvm/xen/xenbus"
 	"github.com/gpuvm/gpuvm/xen/xenstore"
@@ -211,7 +213,14 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 			resume = true
 		}
 		start := time.Now()
-		err := h.xenPVDRMSession(ctx, xs, dev, g, resume, log)
+		var err error
+		if resume && xenDeviceSaved(ctx, xs, dev) {
+			// Handed over (or a handoff called off) while its vGPU was
+			// saved and no session served it: it waits for the image.
+			resume, err = false, errXenSaved
+		} else {
+			err = h.xenPVDRMSession(ctx, xs, dev, g, resume, log)
+		}
 		if errors.Is(err, errXenHandedOff) {
 			// Handed to a new process: the exec ends this one. If it
 			// does not happen, this process takes the device over again.
@@ -229,6 +238,17 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 			err = nil
 		}
 		resume = false
+		if errors.Is(err, errXenSaved) {
+			// The front end waits for the image's restore: the next
+			// session is the one that restores it (gpuvm vgpu restore,
+			// or gpuvm xl save giving the domain its vGPU back after a
+			// failed xl save); the domain going ends the wait.
+			log.Info("pvdrm vGPU saved; the device waits for its image's restore")
+			for ctx.Err() == nil && h.restoreBoard(g.DomID) == nil {
+				sleepCtx(ctx, xenLook)
+			}
+			continue
+		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("pvdrm session failed", "err", err)
 		}
@@ -249,7 +269,11 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 // xenPVDRMSession serves one front end: handshake, placement, attach,
 // the ring, teardown.
 func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xenbus.Device, g aggregator.Guest, resume bool, log *slog.Logger) (err error) {
-	x, err := pvdrm.NewXenBack(ctx, pvdrm.XenBackConfig{Xenstore: xs, Device: dev, DevDir: h.opts.XenDevDir, GART: true, NoConnect: true, Resume: resume})
+	// An image waiting for the domain (gpuvm xl restore, or a save that
+	// did not happen) is its saved front end's: the device is offered to
+	// resume, and only that image gives it its vGPU.
+	restore := !resume && h.restoreBoard(g.DomID) != nil
+	x, err := pvdrm.NewXenBack(ctx, pvdrm.XenBackConfig{Xenstore: xs, Device: dev, DevDir: h.opts.XenDevDir, GART: true, NoConnect: true, Resume: resume, Restore: restore})
 	if err != nil {
 		return err
 	}
@@ -264,8 +288,8 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		}
 	}()
 	b, d := h.Place(g)
-	if r := h.restoreBoard(g.DomID); r != nil && x.Resumed() {
-		b = r // the image handed over waits there
+	if r := h.restoreBoard(g.DomID); r != nil && (x.Resumed() || restore) {
+		b = r // the image handed over, or saved, waits there
 	}
 	if b == nil {
 		return errors.Join(fmt.Errorf("no board: %s", d.Reason), x.Close())
@@ -285,9 +309,9 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		return m.Close, nil
 	}
 	var be *aggregator.PVDRMBackend
-	if x.Resumed() {
-		// The front end goes on from where the previous process left
-		// it: only the image handed over can give it its vGPU.
+	if x.Resumed() || restore {
+		// The front end goes on from where the previous process, or
+		// the save, left it: only the image can give it its vGPU.
 		be, err = b.Agg.AttachPVDRMRestoredMapped(g, x.GARTSize(), mapGART, x)
 	} else {
 		be, err = b.Agg.AttachPVDRMMapped(g, x.GARTSize(), mapGART, x)
@@ -297,10 +321,16 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 	}
 	h.xenSessionAttached(g.DomID, be.VGPU())
 	w := be.Welcome()
-	if x.Resumed() {
+	switch {
+	case x.Resumed():
 		log.Info("pvdrm device taken over from the previous daemon process", "vgpu", w.VGPU, "board", b.Name)
-	} else if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
-		return errors.Join(err, be.Close())
+	case restore:
+		log.Info("pvdrm vGPU restored for the saved front end", "vgpu", w.VGPU, "board", b.Name)
+	}
+	if !x.Resumed() {
+		if err := x.Connect(ctx, pvdrm.XenWelcomeKeys(w)...); err != nil {
+			return errors.Join(err, be.Close())
+		}
 	}
 	// Grant mappings: the ring's (one, of its pages) and the GART heap's.
 	log.Info("pvdrm front end connected", "vgpu", w.VGPU, "board", b.Name, "gart_bytes", x.GARTSize(), "grant_maps", 1+gart.Maps)
@@ -321,11 +351,42 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		}
 	}()
 	serr := be.Serve(sctx)
+	cause := context.Cause(sctx) // nil: Serve ended by itself (the front end broke the ring)
+	saved := cause != nil && strings.HasPrefix(cause.Error(), ipc.ByeSaved)
+	if saved {
+		// The vGPU went to a state image (gpuvm xl save, gpuvm vgpu
+		// save): the front end keeps its ring and waits for the back end
+		// that restores it, told so before the ring goes.
+		mctx, cancel := context.WithTimeout(context.Background(), xenCleanupWait)
+		if err := x.MarkSaved(mctx); err != nil {
+			log.Warn("mark the pvdrm device saved: its front end fails", "err", err)
+			saved = false
+		}
+		cancel()
+	}
 	cerr := be.Close() // detaches the vGPU, unmaps the heap and the ring, closes the device's session
 	log.Info("pvdrm front end gone", "vgpu", w.VGPU, "reason", context.Cause(sctx), "serve", serr,
 		"grant_maps", 1+gart.Maps, "grant_unmaps", 1+gart.Unmaps)
+	if saved && cerr == nil {
+		return errXenSaved
+	}
 	return cerr
 }
+
+// xenDeviceSaved reports whether dev's back-end directory carries the
+// saved mark (xenbus.KeySaved): its vGPU was saved and no session has
+// served it since.
+func xenDeviceSaved(ctx context.Context, xs *xenstore.Client, dev xenbus.Device) bool {
+	_, err := xs.Read(ctx, dev.BackendPath()+"/"+xenbus.KeySaved)
+	return err == nil
+}
+
+// errXenSaved ends a session whose vGPU was saved: the device waits for
+// the image's restore (its front end too).
+var errXenSaved = errors.New("the pvdrm vGPU was saved to a state image")
+
+// xenCleanupWait bounds the xenstore writes of a session's end.
+const xenCleanupWait = 5 * time.Second
 
 // pvdrmDevice is domain domid's pvdrm device devID, backed by domain self.
 func pvdrmDevice(self uint16, domid, devID uint32) xenbus.Device {
