@@ -89,6 +89,7 @@ func guestCommand() *cli.Command {
 			&cli.StringFlag{Name: "attack", Usage: "pvdrm modes, an isolation test: act as a hostile front end (" + strings.Join(pvdrmAttackNames(), ", ") + ") and exit 0 only if the back end refuses it"},
 			&cli.PathFlag{Name: "xen-dir", Value: "/dev/xen", Usage: "pvdrm modes: where gntalloc and evtchn are"},
 			&cli.DurationFlag{Name: "connect-timeout", Value: time.Minute, Usage: "pvdrm modes: how long to wait for the back end (gpuvm serve --xen in dom0)"},
+			&cli.DurationFlag{Name: "resume-timeout", Value: defaultResumeTimeout, Usage: "pvdrm modes: when the vGPU is saved (gpuvm xl save, gpuvm vgpu save), let go of the event channel and wait this long for the back end that restores it, here or in the domain xl restore makes, then go on where the save left off (requests wait meanwhile; docs/pvdrm.md §8, A device across a save). 0: a save ends the front end"},
 		},
 		Action: runGuest,
 	}

@@ -21,7 +21,15 @@ func runGuestPVDRM(c *cli.Context, f *guestFlags) (err error) {
 	ctx := c.Context
 	dctx, cancel := context.WithTimeout(ctx, c.Duration("connect-timeout"))
 	defer cancel()
-	fe, err := pvdrm.DialXen(dctx, pvdrm.XenDialConfig{DevID: uint32(c.Uint("devid")), Mode: f.mode, GARTSize: f.gartSize, DevDir: c.Path("xen-dir")})
+	if c.Duration("resume-timeout") < 0 {
+		return usageError("--resume-timeout %v: want 0 (off) or more", c.Duration("resume-timeout"))
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	fe, err := pvdrm.DialXen(dctx, pvdrm.XenDialConfig{DevID: uint32(c.Uint("devid")), Mode: f.mode, GARTSize: f.gartSize, DevDir: c.Path("xen-dir"),
+		ResumeTimeout: c.Duration("resume-timeout"), Logger: log})
 	if err != nil {
 		return &exitError{code: exitFailure, err: fmt.Errorf("pvdrm front end: %w", err)}
 	}

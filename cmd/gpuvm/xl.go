@@ -168,7 +168,8 @@ func runXLCreate(c *cli.Context) error {
 		return &exitError{code: exitFailure, err: err}
 	}
 	if dom.vgpu.Mode.IsPVDRM() {
-		return runXLPVDRM(ctx, c, dom, uint32(domid), t0, say, destroy, log)
+		rec := xlSaveRecord{Version: xlRecordVersion, Name: dom.vgpu.Name, Type: dom.vgpu.Type, Mode: string(dom.vgpu.Mode), Settings: settings}
+		return runXLPVDRM(ctx, c, rec, uint32(domid), t0, say, destroy, log)
 	}
 	// The aggregator maps the domain's RAM up to the top of its memory;
 	// HVM guests have it a little higher (the VGA hole), and frames the
@@ -316,11 +317,27 @@ func serveDomain(ctx context.Context, m *devmodel.XenModel, xenDir string, domid
 }
 
 // runXLPVDRM has the aggregator serve the pvdrm back end of domain domid
-// (created paused, its settings registered), unpauses the domain and waits
-// until it goes.
-func runXLPVDRM(ctx context.Context, c *cli.Context, dom xlDomain, domid uint32, t0 time.Time, say func(string, ...any), destroy func(string), log *slog.Logger) error {
+// (created paused, its settings registered; restored, its image given to
+// the daemon), unpauses the domain and waits until it goes. It keeps rec
+// in xenstore for gpuvm xl save meanwhile.
+func runXLPVDRM(ctx context.Context, c *cli.Context, rec xlSaveRecord, domid uint32, t0 time.Time, say func(string, ...any), destroy func(string), log *slog.Logger) error {
 	socket := c.Path("control-socket")
-	body, _ := json.Marshal(host.XenPVDRMRequest{Name: dom.vgpu.Name})
+	if xs, err := xenstore.Open(); err != nil {
+		log.Warn("recording the domain for gpuvm xl save", "domid", domid, "err", err)
+	} else {
+		defer xs.Close()
+		if err := publishXLRecord(ctx, xs, domid, rec); err != nil {
+			log.Warn("recording the domain for gpuvm xl save", "domid", domid, "err", err)
+		}
+		defer func() { // no toolstack removes it for a domain with no device model
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := xs.Rm(rctx, xlRecordPath(domid)); err != nil {
+				log.Debug("remove the gpuvm xl save record", "domid", domid, "err", err)
+			}
+		}()
+	}
+	body, _ := json.Marshal(host.XenPVDRMRequest{Name: rec.Name})
 	if err := controlCall(ctx, socket, http.MethodPost, fmt.Sprintf("/v1/domains/%d/pvdrm", domid), body, http.StatusAccepted); err != nil {
 		destroy("no pvdrm back end")
 		return &exitError{code: exitFailure, err: err}
@@ -332,7 +349,7 @@ func runXLPVDRM(ctx context.Context, c *cli.Context, dom xlDomain, domid uint32,
 			log.Debug("stop the pvdrm back end", "err", err)
 		}
 	}
-	say("pvdrm back end waiting for domain %d's front end (in the guest: gpuvm guest --mode %s)", domid, dom.vgpu.Mode)
+	say("pvdrm back end waiting for domain %d's front end (in the guest: gpuvm guest --mode %s)", domid, rec.Mode)
 	if _, err := exec.CommandContext(ctx, c.String("xl"), "unpause", strconv.FormatUint(uint64(domid), 10)).CombinedOutput(); err != nil {
 		stopBack()
 		destroy("unpause failed")

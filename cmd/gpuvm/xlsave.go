@@ -36,10 +36,10 @@ const xlRecordVersion = 1
 type xlSaveRecord struct {
 	Version    int                       `json:"version"`
 	Name       string                    `json:"name"`
-	Type       string                    `json:"type"` // xl's: hvm or pvh
+	Type       string                    `json:"type"` // xl's: hvm or pvh (pvdrm modes: pv too)
 	Mode       string                    `json:"mode"`
-	RAMSpan    uint64                    `json:"ram_span"` // guest-physical bytes the aggregator maps
-	PCI        string                    `json:"pci"`      // the vGPU's function in the guest
+	RAMSpan    uint64                    `json:"ram_span,omitempty"` // guest-physical bytes the aggregator maps (not pvdrm)
+	PCI        string                    `json:"pci,omitempty"`      // the vGPU's function in the guest (not pvdrm)
 	Settings   aggregator.DomainSettings `json:"settings"`
 	Placements []devmodel.BARPlacement   `json:"placements"`
 }
@@ -61,13 +61,23 @@ func publishXLRecord(ctx context.Context, xs *xenstore.Client, domid uint32, rec
 // check validates a record read back from a file: it names what a device
 // model could serve.
 func (r *xlSaveRecord) check() error {
+	mode := config.Mode(r.Mode)
 	switch {
 	case r.Version != xlRecordVersion:
 		return fmt.Errorf("record version %d: this gpuvm reads %d", r.Version, xlRecordVersion)
 	case r.Name == "":
 		return errors.New("no domain name")
-	case !config.Mode(r.Mode).Valid() || config.Mode(r.Mode).IsPVDRM():
-		return fmt.Errorf("mode %q: not one a device model serves", r.Mode)
+	case !mode.Valid():
+		return fmt.Errorf("mode %q: not one gpuvm serves", r.Mode)
+	case mode.IsPVDRM():
+		// No device model: the daemon serves the pvdrm device.
+		if r.Type != "pv" && r.Type != "pvh" && r.Type != "hvm" {
+			return fmt.Errorf("domain type %q: want pv, pvh or hvm", r.Type)
+		}
+		if r.RAMSpan != 0 || r.PCI != "" || len(r.Placements) != 0 {
+			return errors.New("a pvdrm domain's record names a device model's RAM span, PCI function or BARs")
+		}
+		return nil
 	case r.RAMSpan == 0 || r.RAMSpan > 1<<40:
 		return fmt.Errorf("RAM span %d: not a domain's", r.RAMSpan)
 	case r.Type != "hvm" && r.Type != "pvh":
@@ -113,8 +123,12 @@ func xlSaveCommand() *cli.Command {
 			"  3. the domain is destroyed; its device model (gpuvm xl create) ends.\n" +
 			"A failure before the vGPU's image is on disk unpauses the domain — its guest resumes as\n" +
 			"from a cancelled suspend, with its vGPU — and removes FILE. gpuvm xl restore FILE\n" +
-			"brings the domain back, here or on another host. pvdrm domains cannot be saved yet (their\n" +
-			"front end does not resume over Xen's grants and event channels).\n\n" +
+			"brings the domain back, here or on another host.\n" +
+			"A pvdrm domain (no device model) goes the other way round: its vGPU is saved first, at a\n" +
+			"request boundary, while the guest runs; its front end (gpuvm guest --resume-timeout) lets\n" +
+			"go of its event channel and waits, its requests on the ring; then xl save -p. If the front\n" +
+			"end does not let go, or xl save fails, the image is given back to the daemon for the same\n" +
+			"domain, which goes on with its vGPU (docs/pvdrm.md §8, A device across a save).\n\n" +
 			"Exit status: 0 once the three files are written and the domain is gone; 1 on failure;\n" +
 			"2 for bad arguments.",
 		Flags:  xlDaemonFlags(),
@@ -141,7 +155,7 @@ func runXLSave(c *cli.Context) error {
 	defer xs.Close()
 	raw, err := xs.Read(ctx, xlRecordPath(domid))
 	if err != nil {
-		return &exitError{code: exitFailure, err: fmt.Errorf("domain %d has no gpuvm device model (is it one gpuvm xl create started, and not pvdrm?): %w", domid, err)}
+		return &exitError{code: exitFailure, err: fmt.Errorf("domain %d has no gpuvm device model (is it one gpuvm xl create started?): %w", domid, err)}
 	}
 	var rec xlSaveRecord
 	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
@@ -159,6 +173,9 @@ func runXLSave(c *cli.Context) error {
 	}
 	if id < 0 {
 		return &exitError{code: exitFailure, err: fmt.Errorf("domain %d has no vGPU on the daemon", domid)}
+	}
+	if config.Mode(rec.Mode).IsPVDRM() {
+		return runXLSavePVDRM(c, domid, id, rec, file, t0)
 	}
 	if _, err := runXL(ctx, c, "save", "-p", strconv.FormatUint(uint64(domid), 10), file); err != nil {
 		return &exitError{code: exitFailure, err: err}
@@ -292,6 +309,12 @@ func runXLRestore(c *cli.Context) error {
 	if err := restoreImage(ctx, c.Path("control-socket"), domid, imgFile, io.Discard); err != nil {
 		destroy("the vGPU's image was refused")
 		return err
+	}
+	if config.Mode(rec.Mode).IsPVDRM() {
+		// The daemon's pvdrm back end offers the device to resume: the
+		// guest's front end grants its ring again, and the image gives it
+		// its vGPU back.
+		return runXLPVDRM(ctx, c, rec, domid, t0, say, destroy, log)
 	}
 	st := xenVGPUStart{sbdf: sbdf, resume: true, placements: rec.Placements}
 	return serveXenVGPU(ctx, c, rec, domid, st, t0, say, destroy, log)

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/gpuvm/gpuvm/pvdrm"
+	"github.com/gpuvm/gpuvm/xen/xenbus"
+	"github.com/gpuvm/gpuvm/xen/xenstore"
+)
+
+// xlFrontEndLetGo bounds the wait for a pvdrm domain's front end to let go
+// of its event channel once its vGPU was saved (it looks every 100 ms).
+const xlFrontEndLetGo = 30 * time.Second
+
+// runXLSavePVDRM saves pvdrm domain domid (its vGPU id on the daemon) to
+// file: the vGPU first, while the guest runs — parked at a request
+// boundary, its image on disk, its back end gone with the device marked
+// saved — then, once the guest's front end let go of its event channel
+// (its state Initialising), the domain (xl save -p), which is then
+// destroyed. Until xl save succeeded, a failure gives the image back to
+// the daemon for the same domain: its front end resumes on it.
+func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file string, t0 time.Time) error {
+	ctx, say := c.Context, xlSay(c)
+	imgFile, recFile := xlSideFiles(file)
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err == nil {
+		err = writeFileSync(recFile, append(b, '\n'))
+	}
+	if err != nil {
+		return &exitError{code: exitFailure, err: fmt.Errorf("the domain's record: %w", err)}
+	}
+	if err := saveImage(c, "http://aggregator/v1/vgpus/"+strconv.Itoa(id)+"/save", imgFile, false); err != nil {
+		os.Remove(recFile)
+		return err
+	}
+	say("vGPU %d saved to %s in %.2fs; waiting for domain %d's front end to let go", id, imgFile, time.Since(t0).Seconds(), domid)
+	giveBack := func(err error) error {
+		rctx := context.WithoutCancel(ctx)
+		if rerr := restoreImage(rctx, c.Path("control-socket"), domid, imgFile, io.Discard); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("giving the vGPU back to domain %d: %w (its image stays in %s: gpuvm vgpu restore --domid %d %s)", domid, rerr, imgFile, domid, imgFile))
+		} else {
+			say("vGPU given back to domain %d: its front end resumes on it", domid)
+			os.Remove(imgFile)
+		}
+		os.Remove(file)
+		os.Remove(recFile)
+		return &exitError{code: exitFailure, err: err}
+	}
+	if err := waitFrontEndLetGo(ctx, domid, xlFrontEndLetGo); err != nil {
+		return giveBack(err)
+	}
+	t1 := time.Now()
+	if _, err := runXL(ctx, c, "save", "-p", strconv.FormatUint(uint64(domid), 10), file); err != nil {
+		if _, uerr := runXL(context.WithoutCancel(ctx), c, "unpause", strconv.FormatUint(uint64(domid), 10)); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+		return giveBack(err)
+	}
+	say("domain %d suspended and its memory saved to %s (%.1fs)", domid, file, time.Since(t1).Seconds())
+	if _, err := runXL(ctx, c, "destroy", strconv.FormatUint(uint64(domid), 10)); err != nil {
+		return &exitError{code: exitFailure, err: fmt.Errorf("the domain and its vGPU are saved, but: %w", err)}
+	}
+	say("domain %d saved with its vGPU in %.1fs: gpuvm xl restore %s", domid, time.Since(t0).Seconds(), file)
+	return nil
+}
+
+// waitFrontEndLetGo waits until domain domid's pvdrm front end (device 0)
+// announces Initialising: after its back end saved the vGPU, it closed its
+// event channel and waits for a restore.
+func waitFrontEndLetGo(ctx context.Context, domid uint32, within time.Duration) error {
+	xs, err := xenstore.Open()
+	if err != nil {
+		return fmt.Errorf("xenstore: %w", err)
+	}
+	defer xs.Close()
+	key := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(domid)}.FrontendPath() + "/state"
+	want := strconv.Itoa(int(xenbus.StateInitialising))
+	deadline := time.Now().Add(within)
+	var last string
+	for {
+		v, err := xs.Read(ctx, key)
+		if err == nil && v == want {
+			return nil
+		}
+		last = v
+		if err != nil {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("domain %d's pvdrm front end did not let go of its event channel within %v (its state: %s); is it gpuvm guest with a --resume-timeout?", domid, within, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
