@@ -245,6 +245,12 @@ func (h *Host) serveXenPVDRM(ctx context.Context, g aggregator.Guest, devID uint
 			// failed xl save); the domain going ends the wait.
 			log.Info("pvdrm vGPU saved; the device waits for its image's restore")
 			for ctx.Err() == nil && h.restoreBoard(g.DomID) == nil {
+				if frontEndLeft(ctx, xs, dev) {
+					// It did not wait (no resume timeout, or it passed):
+					// the next front end starts afresh.
+					log.Info("the saved pvdrm front end left; the device serves a fresh one")
+					break
+				}
 				sleepCtx(ctx, xenLook)
 			}
 			continue
@@ -379,6 +385,12 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 func xenDeviceSaved(ctx context.Context, xs *xenstore.Client, dev xenbus.Device) bool {
 	_, err := xs.Read(ctx, dev.BackendPath()+"/"+xenbus.KeySaved)
 	return err == nil
+}
+
+// frontEndLeft reports whether dev's front end is Closing or Closed.
+func frontEndLeft(ctx context.Context, xs *xenstore.Client, dev xenbus.Device) bool {
+	st, err := xs.Read(ctx, dev.FrontendPath()+"/state")
+	return err == nil && (st == strconv.Itoa(int(xenbus.StateClosing)) || st == strconv.Itoa(int(xenbus.StateClosed)))
 }
 
 // errXenSaved ends a session whose vGPU was saved: the device waits for

@@ -55,7 +55,13 @@ func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file
 		os.Remove(recFile)
 		return &exitError{code: exitFailure, err: err}
 	}
-	if err := waitFrontEndLetGo(ctx, domid, xlFrontEndLetGo); err != nil {
+	if err := waitFrontEndLetGo(ctx, domid, xlFrontEndLetGo); errors.Is(err, errFrontEndLeft) {
+		// Nothing waits for the image in the guest: the domain goes on,
+		// and its next front end gets a fresh vGPU.
+		os.Remove(file)
+		os.Remove(recFile)
+		return &exitError{code: exitFailure, err: fmt.Errorf("%w; domain %d goes on without it, and its vGPU's state stays in %s", err, domid, imgFile)}
+	} else if err != nil {
 		return giveBack(err)
 	}
 	t1 := time.Now()
@@ -73,9 +79,14 @@ func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file
 	return nil
 }
 
+// errFrontEndLeft says a pvdrm front end ended with its vGPU's save
+// instead of waiting for its restore.
+var errFrontEndLeft = errors.New("the pvdrm front end ended with the save instead of waiting for the restore (gpuvm guest --resume-timeout 0?)")
+
 // waitFrontEndLetGo waits until domain domid's pvdrm front end (device 0)
 // announces Initialising: after its back end saved the vGPU, it closed its
-// event channel and waits for a restore.
+// event channel and waits for a restore. A front end that closes instead
+// fails it at once (errFrontEndLeft).
 func waitFrontEndLetGo(ctx context.Context, domid uint32, within time.Duration) error {
 	xs, err := xenstore.Open()
 	if err != nil {
@@ -90,6 +101,9 @@ func waitFrontEndLetGo(ctx context.Context, domid uint32, within time.Duration) 
 		v, err := xs.Read(ctx, key)
 		if err == nil && v == want {
 			return nil
+		}
+		if err == nil && (v == strconv.Itoa(int(xenbus.StateClosing)) || v == strconv.Itoa(int(xenbus.StateClosed))) {
+			return errFrontEndLeft
 		}
 		last = v
 		if err != nil {
