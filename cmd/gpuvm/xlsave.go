@@ -191,11 +191,7 @@ func runXLSave(c *cli.Context) error {
 		}
 		return &exitError{code: exitFailure, err: err}
 	}
-	b, err := json.MarshalIndent(rec, "", "  ")
-	if err == nil {
-		err = writeFileSync(recFile, append(b, '\n'))
-	}
-	if err != nil {
+	if err := writeXLRecord(recFile, rec); err != nil {
 		return undo(fmt.Errorf("the device model record: %w", err))
 	}
 	t1 := time.Now()
@@ -203,10 +199,25 @@ func runXLSave(c *cli.Context) error {
 		return undo(err)
 	}
 	say("vGPU %d saved to %s in %.2fs", id, imgFile, time.Since(t1).Seconds())
-	if _, err := runXL(ctx, c, "destroy", strconv.FormatUint(uint64(domid), 10)); err != nil {
+	return xlDestroySaved(c, domid, file, t0)
+}
+
+// writeXLRecord writes rec to file, on disk before it is in place.
+func writeXLRecord(file string, rec xlSaveRecord) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileSync(file, append(b, '\n'))
+}
+
+// xlDestroySaved destroys domain domid once it and its vGPU are saved to
+// file (the save began at t0).
+func xlDestroySaved(c *cli.Context, domid uint32, file string, t0 time.Time) error {
+	if _, err := runXL(c.Context, c, "destroy", strconv.FormatUint(uint64(domid), 10)); err != nil {
 		return &exitError{code: exitFailure, err: fmt.Errorf("the domain and its vGPU are saved, but: %w", err)}
 	}
-	say("domain %d saved with its vGPU in %.1fs: gpuvm xl restore %s", domid, time.Since(t0).Seconds(), file)
+	xlSay(c)("domain %d saved with its vGPU in %.1fs: gpuvm xl restore %s", domid, time.Since(t0).Seconds(), file)
 	return nil
 }
 

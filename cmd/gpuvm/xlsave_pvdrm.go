@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,11 +30,7 @@ const xlFrontEndLetGo = 30 * time.Second
 func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file string, t0 time.Time) error {
 	ctx, say := c.Context, xlSay(c)
 	imgFile, recFile := xlSideFiles(file)
-	b, err := json.MarshalIndent(rec, "", "  ")
-	if err == nil {
-		err = writeFileSync(recFile, append(b, '\n'))
-	}
-	if err != nil {
+	if err := writeXLRecord(recFile, rec); err != nil {
 		return &exitError{code: exitFailure, err: fmt.Errorf("the domain's record: %w", err)}
 	}
 	if err := saveImage(c, "http://aggregator/v1/vgpus/"+strconv.Itoa(id)+"/save", imgFile, false); err != nil {
@@ -72,11 +67,7 @@ func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file
 		return giveBack(err)
 	}
 	say("domain %d suspended and its memory saved to %s (%.1fs)", domid, file, time.Since(t1).Seconds())
-	if _, err := runXL(ctx, c, "destroy", strconv.FormatUint(uint64(domid), 10)); err != nil {
-		return &exitError{code: exitFailure, err: fmt.Errorf("the domain and its vGPU are saved, but: %w", err)}
-	}
-	say("domain %d saved with its vGPU in %.1fs: gpuvm xl restore %s", domid, time.Since(t0).Seconds(), file)
-	return nil
+	return xlDestroySaved(c, domid, file, t0)
 }
 
 // errFrontEndLeft says a pvdrm front end ended with its vGPU's save
