@@ -15,12 +15,10 @@ import (
 	"io/fs"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/gpuvm/gpuvm/aggregator"
-	"github.com/gpuvm/gpuvm/ipc"
 	"github.com/gpuvm/gpuvm/pvdrm"
 	"github.com/gpuvm/gpuvm/xen/xenbus"
 	"github.com/gpuvm/gpuvm/xen/xenstore"
@@ -357,8 +355,11 @@ func (h *Host) xenPVDRMSession(ctx context.Context, xs *xenstore.Client, dev xen
 		}
 	}()
 	serr := be.Serve(sctx)
-	cause := context.Cause(sctx) // nil: Serve ended by itself (the front end broke the ring)
-	saved := cause != nil && strings.HasPrefix(cause.Error(), ipc.ByeSaved)
+	// Saved to an image, not handed to a new process of the daemon (whose
+	// Bye is a saved one too, and whose transport is disowned): a nil
+	// cause is Serve ending by itself (the front end broke the ring).
+	cause := context.Cause(sctx)
+	saved := cause != nil && cause.Error() == aggregator.SaveReason && !x.Disowned()
 	if saved {
 		// The vGPU went to a state image (gpuvm xl save, gpuvm vgpu
 		// save): the front end keeps its ring and waits for the back end

@@ -480,6 +480,14 @@ func (x *XenBack) MarkSaved(ctx context.Context) error {
 	return nil
 }
 
+// Disowned reports whether the device was handed to another back-end
+// process (Disown) or its state saved (MarkSaved).
+func (x *XenBack) Disowned() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.disowned
+}
+
 // FollowsSave reports that the front end outlives a save of the state
 // this back end serves, waiting for a back end that restores it (on this
 // daemon: the device is its).
