@@ -134,8 +134,17 @@ func TestMigrateRoundResendsWrittenPages(t *testing.T) {
 	if !bytes.Contains(recs, want[:vgpuimage.PageSize]) || !bytes.Contains(recs, want[n-vgpuimage.PageSize:]) {
 		t.Fatal("the re-sent pages do not carry what the copy engine wrote")
 	}
-	if k, _ := round("nothing written again"); k != 0 {
-		t.Fatalf("a round with nothing written sent %d bytes", k)
+	// The GPU may still rewrite a channel's USERD after the pending bit
+	// cleared (the scheduler restoring a channel's saved state writes its
+	// GET pointers: gpu/sim/chanstate.go; seen 1 in 30 under -race with
+	// three CPU hogs): a live migration re-sends that page, as it must.
+	// Rounds settle within a few; one must then send nothing.
+	k, _ = round("nothing written again")
+	for i := 0; k != 0 && i < 3; i++ {
+		k, _ = round("nothing written again, after the GPU's late write")
+	}
+	if k != 0 {
+		t.Fatalf("rounds with nothing written kept sending (%d bytes in the last)", k)
 	}
 }
 
