@@ -178,21 +178,14 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 	if x.link, err = xenbus.StartFront(ctx, cfg.Xenstore, dev, Version); err != nil {
 		return err
 	}
-	if cfg.Pages > x.link.MaxRingPages() {
-		return fmt.Errorf("%d ring pages: the back end accepts at most %d", cfg.Pages, x.link.MaxRingPages())
+	if err := x.ringFits(x.link); err != nil {
+		return err
 	}
 	back := x.link.Device().BackDomid
 	if x.ring, err = x.gnt.Share(back, cfg.Pages, true); err != nil {
 		return err
 	}
-	mem := x.ring.Mem()
-	if err := checkXenRingTail(mem); err != nil {
-		return err
-	}
-	if err := x.ev.BindUnbound(back); err != nil {
-		return err
-	}
-	if err := armLiveness(mem, x.ring, xenFrontAliveOff, x.ev.Port()); err != nil {
+	if err := checkXenRingTail(x.ring.Mem()); err != nil {
 		return err
 	}
 	var extra []xenbus.Extra
@@ -205,10 +198,32 @@ func (x *XenFront) connect(ctx context.Context, cfg XenFrontConfig) error {
 			extra = cfg.Forge(x.gart.dir.Mem(), extra)
 		}
 	}
-	if err := x.link.Publish(ctx, x.ring.Refs(), x.ev.Port(), extra...); err != nil {
+	return x.offer(ctx, x.link, x.ev, extra)
+}
+
+// ringFits checks the ring's pages against what link's back end accepts.
+func (x *XenFront) ringFits(link *xenbus.Front) error {
+	if x.pages > link.MaxRingPages() {
+		return fmt.Errorf("%d ring pages: the back end accepts at most %d", x.pages, link.MaxRingPages())
+	}
+	return nil
+}
+
+// offer is the end of the front end's handshake, at its start and at a
+// resume (xen_resume.go): it binds ev for link's back end, arms this end's
+// liveness byte on it, publishes the ring, ev's port and extra, and waits
+// for Connected.
+func (x *XenFront) offer(ctx context.Context, link *xenbus.Front, ev *xen.Evtchn, extra []xenbus.Extra) error {
+	if err := ev.BindUnbound(link.Device().BackDomid); err != nil {
 		return err
 	}
-	return x.link.WaitConnected(ctx)
+	if err := armLiveness(x.ring.Mem(), x.ring, xenFrontAliveOff, ev.Port()); err != nil {
+		return err
+	}
+	if err := link.Publish(ctx, x.ring.Refs(), ev.Port(), extra...); err != nil {
+		return err
+	}
+	return link.WaitConnected(ctx)
 }
 
 // GART returns the GART heap granted to the back end (nil without one).

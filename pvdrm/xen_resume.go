@@ -104,8 +104,8 @@ func (x *XenFront) suspend(ctx context.Context) error {
 // waits for Connected. hold runs the ring's copy with the client's pushes
 // held.
 func (x *XenFront) resume(ctx context.Context, link *xenbus.Front, hold func(func() error) error) error {
-	if x.pages > link.MaxRingPages() {
-		return fmt.Errorf("%d ring pages: the back end accepts at most %d", x.pages, link.MaxRingPages())
+	if err := x.ringFits(link); err != nil {
+		return err
 	}
 	back := link.Device().BackDomid
 	err := hold(func() error {
@@ -129,20 +129,9 @@ func (x *XenFront) resume(ctx context.Context, link *xenbus.Front, hold func(fun
 	if err != nil {
 		return err
 	}
-	mem := x.ring.Mem()
-	err = ev.BindUnbound(back)
-	if err == nil {
-		err = armLiveness(mem, x.ring, xenFrontAliveOff, ev.Port())
-	}
-	if err == nil {
-		err = link.Publish(ctx, x.ring.Refs(), ev.Port(), extra...)
-	}
-	if err == nil {
-		err = link.WaitConnected(ctx)
-	}
-	if err != nil {
+	if err := x.offer(ctx, link, ev, extra); err != nil {
 		// The notification may hold the port: disarmed before it closes.
-		return errors.Join(err, x.ring.SetUnmapNotify(len(mem)-xenFrontAliveOff, 0, 0), ev.Close())
+		return errors.Join(err, x.ring.SetUnmapNotify(len(x.ring.Mem())-xenFrontAliveOff, 0, 0), ev.Close())
 	}
 	x.evMu.Lock()
 	x.ev, x.link, x.suspended = ev, link, false

@@ -175,7 +175,7 @@ func runXLSave(c *cli.Context) error {
 		return &exitError{code: exitFailure, err: fmt.Errorf("domain %d has no vGPU on the daemon", domid)}
 	}
 	if config.Mode(rec.Mode).IsPVDRM() {
-		return runXLSavePVDRM(c, domid, id, rec, file, t0)
+		return runXLSavePVDRM(c, xs, domid, id, rec, file, t0)
 	}
 	if _, err := runXL(ctx, c, "save", "-p", strconv.FormatUint(uint64(domid), 10), file); err != nil {
 		return &exitError{code: exitFailure, err: err}

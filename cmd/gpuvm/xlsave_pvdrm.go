@@ -27,7 +27,7 @@ const xlFrontEndLetGo = 30 * time.Second
 // (its state Initialising), the domain (xl save -p), which is then
 // destroyed. Until xl save succeeded, a failure gives the image back to
 // the daemon for the same domain: its front end resumes on it.
-func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file string, t0 time.Time) error {
+func runXLSavePVDRM(c *cli.Context, xs *xenstore.Client, domid uint32, id int, rec xlSaveRecord, file string, t0 time.Time) error {
 	ctx, say := c.Context, xlSay(c)
 	imgFile, recFile := xlSideFiles(file)
 	if err := writeXLRecord(recFile, rec); err != nil {
@@ -50,7 +50,7 @@ func runXLSavePVDRM(c *cli.Context, domid uint32, id int, rec xlSaveRecord, file
 		os.Remove(recFile)
 		return &exitError{code: exitFailure, err: err}
 	}
-	if err := waitFrontEndLetGo(ctx, domid, xlFrontEndLetGo); errors.Is(err, errFrontEndLeft) {
+	if err := waitFrontEndLetGo(ctx, xs, domid, xlFrontEndLetGo); errors.Is(err, errFrontEndLeft) {
 		// Nothing waits for the image in the guest: the domain goes on,
 		// and its next front end gets a fresh vGPU.
 		os.Remove(file)
@@ -78,12 +78,7 @@ var errFrontEndLeft = errors.New("the pvdrm front end ended with the save instea
 // announces Initialising: after its back end saved the vGPU, it closed its
 // event channel and waits for a restore. A front end that closes instead
 // fails it at once (errFrontEndLeft).
-func waitFrontEndLetGo(ctx context.Context, domid uint32, within time.Duration) error {
-	xs, err := xenstore.Open()
-	if err != nil {
-		return fmt.Errorf("xenstore: %w", err)
-	}
-	defer xs.Close()
+func waitFrontEndLetGo(ctx context.Context, xs *xenstore.Client, domid uint32, within time.Duration) error {
 	key := xenbus.Device{Type: pvdrm.XenDeviceType, FrontDomid: uint16(domid)}.FrontendPath() + "/state"
 	want := strconv.Itoa(int(xenbus.StateInitialising))
 	deadline := time.Now().Add(within)

@@ -255,9 +255,11 @@ func startBack(ctx context.Context, xs *xenstore.Client, d Device, version uint3
 		return nil, err
 	}
 	err = switchState(ctx, xs, b.own, StateInitWait, func(tx xenstore.Tx) error {
-		res := rmIfThere(ctx, tx, b.own+"/"+KeyResume)
+		var res error
 		if resume {
 			res = tx.Write(ctx, b.own+"/"+KeyResume, "1")
+		} else {
+			res = rmIfThere(ctx, tx, b.own+"/"+KeyResume)
 		}
 		return errors.Join(
 			tx.Write(ctx, b.own+"/protocol-version", fmt.Sprint(version)),
